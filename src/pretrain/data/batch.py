@@ -1,0 +1,168 @@
+"""The flat, padding-free batch the model consumes, and the collates that build it.
+
+Packed policies materialise only real tokens: chunks are laid back to back and `cu_seqlens` marks
+every chunk boundary, so attention never crosses a document or a chunk cut. The padded policy uses
+the same fields with its pad columns present in T (each row one segment, pads after real tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from .chunking import Chunk
+
+IGNORE_INDEX = -100
+PAD_TOKEN_ID = 50256
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # (T,) int64
+    targets: torch.Tensor  # (T,) int64, IGNORE_INDEX where no target counts
+    position_ids: torch.Tensor  # (T,) int64, restarting at 0 in every segment
+    cu_seqlens: torch.Tensor  # (S+1,) int32 segment boundaries
+    max_seqlen: int
+    num_targets: int  # real targets in this batch
+    pack_lengths: torch.Tensor  # (P,) int64 real tokens per logical pack (or padded row)
+    capacity: int = 0  # tokens a pack (or padded row) could hold; 0 if unknown
+    padded: bool = False  # True when pad columns are materialised in T
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        """Rows the model computes (real tokens, plus pads for the padded policy)."""
+        return int(self.input_ids.numel())
+
+    @property
+    def num_segments(self) -> int:
+        return int(self.cu_seqlens.numel()) - 1
+
+    @property
+    def real_tokens(self) -> int:
+        return int(self.pack_lengths.sum())
+
+    @property
+    def padding_waste(self) -> float:
+        """Computed rows that are padding, as a fraction of computed rows."""
+        return 0.0 if self.num_tokens == 0 else 1.0 - self.real_tokens / self.num_tokens
+
+    @property
+    def pack_utilization(self) -> float:
+        """Real tokens over packs x capacity."""
+        slots = len(self.pack_lengths) * self.capacity
+        return float("nan") if slots == 0 else self.real_tokens / slots
+
+    def to(self, device, non_blocking: bool = False) -> PackedBatch:
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return replace(
+            self,
+            input_ids=move(self.input_ids),
+            targets=move(self.targets),
+            position_ids=move(self.position_ids),
+            cu_seqlens=move(self.cu_seqlens),
+        )
+
+
+def _segment_positions(lengths: np.ndarray) -> np.ndarray:
+    """0..len-1 for each segment, concatenated."""
+    total = int(lengths.sum())
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.arange(total, dtype=np.int64) - starts
+
+
+def _cu_seqlens(lengths: np.ndarray) -> torch.Tensor:
+    cu = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cu[1:])
+    return torch.from_numpy(cu.astype(np.int32))
+
+
+def gather_packed(
+    tokens: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    pack_sizes: Sequence[int],
+    capacity: int,
+) -> PackedBatch:
+    """Build a packed batch straight from the token file.
+
+    `starts`/`lengths` are the chunks in batch order (global token offsets of their first input);
+    `pack_sizes` says how many consecutive chunks form each logical pack.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    positions = _segment_positions(lengths)
+    index = np.repeat(starts, lengths) + positions
+    input_ids = np.asarray(tokens[index], dtype=np.int64)
+    targets = np.asarray(tokens[index + 1], dtype=np.int64)
+    pack_ends = np.cumsum(np.asarray(pack_sizes, dtype=np.int64))
+    chunk_ends = np.cumsum(lengths)
+    pack_lengths = np.diff(np.concatenate([[0], chunk_ends[pack_ends - 1]])) if len(pack_ends) else pack_ends
+    return PackedBatch(
+        input_ids=torch.from_numpy(input_ids),
+        targets=torch.from_numpy(targets),
+        position_ids=torch.from_numpy(positions),
+        cu_seqlens=_cu_seqlens(lengths),
+        max_seqlen=int(lengths.max()) if len(lengths) else 0,
+        num_targets=int(lengths.sum()),
+        pack_lengths=torch.from_numpy(pack_lengths.astype(np.int64)),
+        capacity=int(capacity),
+    )
+
+
+def collate_packed(chunks: Sequence[Chunk] | Sequence[Sequence[Chunk]], capacity: int = 0) -> PackedBatch:
+    """One flat, padding-free batch from chunks (each its own pack) or from packs (lists of chunks)."""
+    packs = [list(c) if not isinstance(c, Chunk) else [c] for c in chunks]
+    flat = [c for pack in packs for c in pack]
+    if not flat:
+        raise ValueError("collate_packed needs at least one chunk")
+    lengths = np.array([len(c) for c in flat], dtype=np.int64)
+    input_ids = np.concatenate([np.asarray(c.inputs, dtype=np.int64) for c in flat])
+    targets = np.concatenate([np.asarray(c.targets, dtype=np.int64) for c in flat])
+    pack_lengths = np.array([sum(len(c) for c in pack) for pack in packs], dtype=np.int64)
+    return PackedBatch(
+        input_ids=torch.from_numpy(input_ids),
+        targets=torch.from_numpy(targets),
+        position_ids=torch.from_numpy(_segment_positions(lengths)),
+        cu_seqlens=_cu_seqlens(lengths),
+        max_seqlen=int(lengths.max()),
+        num_targets=int(lengths.sum()),
+        pack_lengths=torch.from_numpy(pack_lengths),
+        capacity=int(capacity) or int(pack_lengths.max()),
+    )
+
+
+def gather_padded(
+    tokens: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    row_width: int,
+) -> PackedBatch:
+    """Padded rows (MiniMind style): row r holds `lengths[r]` real inputs from `starts[r]`, then pads
+    (input EOS, target IGNORE_INDEX) up to `row_width`. Pads are computed, so they stay in T."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    rows = len(lengths)
+    if rows and lengths.max() > row_width:
+        raise ValueError(f"a row of {lengths.max()} tokens does not fit a padded width of {row_width}")
+    col = np.arange(row_width, dtype=np.int64)
+    real = col[None, :] < lengths[:, None]
+    index = np.where(real, starts[:, None] + col[None, :], 0)
+    # Cast before np.where: mixing uint32 tokens with -100 would wrap around.
+    input_ids = np.where(real, np.asarray(tokens[index], dtype=np.int64), PAD_TOKEN_ID)
+    targets = np.where(real, np.asarray(tokens[index + 1], dtype=np.int64), IGNORE_INDEX)
+    seg = np.full(rows, row_width, dtype=np.int64)
+    return PackedBatch(
+        input_ids=torch.from_numpy(input_ids.reshape(-1)),
+        targets=torch.from_numpy(targets.reshape(-1)),
+        position_ids=torch.from_numpy(np.tile(col, rows)),
+        cu_seqlens=_cu_seqlens(seg),
+        max_seqlen=int(row_width),
+        num_targets=int(lengths.sum()),
+        pack_lengths=torch.from_numpy(lengths.copy()),
+        capacity=int(row_width),
+        padded=True,
+    )

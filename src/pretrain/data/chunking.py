@@ -1,0 +1,90 @@
+"""Cutting documents into independent chunks whose targets look one token ahead.
+
+A document of n tokens (EOS included) holds n - 1 next-token pairs. It becomes ceil((n - 1) / L)
+chunks of at most L inputs; chunk k has inputs tokens[kL : kL + len] and targets one further, so
+every pair survives exactly once, no EOS is inserted at a cut and positions restart at 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_SEQ_LEN = 2
+MAX_SEQ_LEN = 4096
+
+
+def check_max_seq_len(max_seq_len: int) -> int:
+    if not isinstance(max_seq_len, int | np.integer) or not MIN_SEQ_LEN <= int(max_seq_len) <= MAX_SEQ_LEN:
+        raise ValueError(
+            f"data.max_seq_len must be an integer in {MIN_SEQ_LEN}..{MAX_SEQ_LEN}, got {max_seq_len!r}; "
+            f"set e.g. data.max_seq_len=1024"
+        )
+    return int(max_seq_len)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One independent training sequence: inputs, their next-token targets and restarted positions."""
+
+    name: str
+    index: int
+    inputs: np.ndarray
+    targets: np.ndarray
+    positions: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+def split_tokens(name: str, tokens: Sequence[int] | np.ndarray, max_seq_len: int) -> Iterator[Chunk]:
+    """Yield the chunks of one document (its tokens EOS included)."""
+    max_seq_len = check_max_seq_len(max_seq_len)
+    tokens = np.asarray(tokens, dtype=np.int64)
+    pairs = len(tokens) - 1
+    for index, start in enumerate(range(0, max(pairs, 0), max_seq_len)):
+        length = min(max_seq_len, pairs - start)
+        yield Chunk(
+            name=name,
+            index=index,
+            inputs=tokens[start : start + length],
+            targets=tokens[start + 1 : start + length + 1],
+            positions=np.arange(length, dtype=np.int64),
+        )
+
+
+@dataclass(frozen=True)
+class ChunkTable:
+    """All chunks of a split as flat arrays (no token is read): chunk i covers inputs
+    tokens[start[i] : start[i] + length[i]] of document doc[i] in the split's token file."""
+
+    doc: np.ndarray  # int64 document index in the split's index
+    start: np.ndarray  # int64 global token offset of the chunk's first input
+    length: np.ndarray  # int64 number of inputs (= targets) in the chunk
+    max_seq_len: int
+
+    def __len__(self) -> int:
+        return len(self.length)
+
+    @property
+    def total_pairs(self) -> int:
+        return int(self.length.sum())
+
+
+def chunk_table(offsets: np.ndarray, lengths: np.ndarray, max_seq_len: int) -> ChunkTable:
+    """Vectorised `split_tokens` over a whole index: the same chunks, as (doc, start, length) arrays."""
+    max_seq_len = check_max_seq_len(max_seq_len)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    pairs = np.asarray(lengths, dtype=np.int64) - 1
+    if len(pairs) and pairs.min() < 1:
+        raise ValueError("every cached document must have at least one token before its EOS")
+    counts = -(-pairs // max_seq_len)
+    doc = np.repeat(np.arange(len(pairs), dtype=np.int64), counts)
+    # k-th chunk of its document: position within the run of equal doc indices.
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    k = np.arange(len(doc), dtype=np.int64) - first
+    start_in_doc = k * max_seq_len
+    length = np.minimum(max_seq_len, pairs[doc] - start_in_doc)
+    return ChunkTable(doc=doc, start=offsets[doc] + start_in_doc, length=length, max_seq_len=max_seq_len)
