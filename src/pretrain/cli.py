@@ -1,0 +1,114 @@
+"""The `pretrain` command: prepare, inspect-data, compare."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Problems a user can fix from the command line: reported in one line, no traceback."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return (ValueError, OSError, RuntimeError, HydraException, OmegaConfBaseException)
+
+
+def _split_option(overrides: list[str], name: str) -> tuple[str | None, list[str]]:
+    """Pull `name=VALUE` (not a config key) out of the Hydra overrides."""
+    value, rest = None, []
+    for item in overrides:
+        if item.startswith(f"{name}="):
+            value = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    return value, rest
+
+
+def counts_table(cache) -> Table:
+    table = Table(title=f"cache {cache.directory.name}")
+    for column in ("split", "documents", "raw tokens (EOS incl.)", "prediction pairs"):
+        table.add_column(column, justify="right" if column != "split" else "left")
+    for split, counts in cache.counts().items():
+        table.add_row(split, f"{counts['documents']:,}", f"{counts['tokens']:,}", f"{counts['prediction_pairs']:,}")
+    build = cache.manifest.get("build", {})
+    table.caption = (
+        f"read {build.get('documents_read', '?'):,} documents: skipped {build.get('duplicates_skipped', 0):,} duplicates, "
+        f"{build.get('empty_skipped', 0):,} empty, {build.get('over_budget_skipped', 0):,} over budget"
+    )
+    return table
+
+
+def cmd_prepare(overrides: list[str]) -> int:
+    from .config import load_config
+    from .data.prepare import prepare_cache
+
+    cfg = load_config(overrides)
+    cache = prepare_cache(cfg)
+    Console().print(counts_table(cache))
+    print(cache.directory)
+    return 0
+
+
+def cmd_inspect(overrides: list[str]) -> int:
+    from .config import load_config
+    from .data.prepare import prepare_cache
+    from .data.stats import inspect_split, render_table
+
+    output, overrides = _split_option(overrides, "output")
+    if not output:
+        raise ValueError("inspect-data needs output=FILE.json for the statistics")
+    cfg = load_config(overrides)
+    cache = prepare_cache(cfg)
+    stats = inspect_split(cfg, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir)
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(stats, indent=2, default=float) + "\n")
+    Console().print(render_table(stats))
+    print(path.resolve())
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .training.compare import compare
+
+    compare([Path(d) for d in args.dirs], output=Path(args.output) if args.output else None)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pretrain", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    prepare = sub.add_parser("prepare", help="build or verify the token cache; prints its directory last")
+    prepare.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. source=local source.files='[a.parquet]'")
+    inspect = sub.add_parser("inspect-data", help="statistics of the cache under the chosen policy")
+    inspect.add_argument("overrides", nargs="*", help="Hydra overrides plus output=FILE.json")
+    compare = sub.add_parser("compare", help="loss and padding waste of runs or sweeps side by side")
+    compare.add_argument("dirs", nargs="+", help="run directories or multirun directories")
+    compare.add_argument("--output", help="PNG path (default: compare.png in the first directory)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "prepare":
+            return cmd_prepare(args.overrides)
+        if args.command == "inspect-data":
+            return cmd_inspect(args.overrides)
+        return cmd_compare(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except user_errors() as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

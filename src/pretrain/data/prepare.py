@@ -1,0 +1,309 @@
+"""Build (or verify and reuse) the token cache: stream documents, split, dedup, tokenize, write.
+
+The build writes into a private temporary directory and renames it into place only when every file
+and the manifest are complete and synced, so a crash or kill at any moment leaves nothing that passes
+verification, and a rerun starts clean. A file lock per identity lets one process build while another
+waits and then reuses. Memory stays flat: documents stream in batches and tokens go straight to disk
+(only the set of seen document digests grows, 32 bytes a document, for exact dedup).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from filelock import FileLock, Timeout
+
+from .. import __version__
+from .cache import (
+    MANIFEST,
+    REBUILD_HINT,
+    SPLITS,
+    Cache,
+    CacheError,
+    cache_identity,
+    cache_root,
+    identity_key,
+    manifest_checksum,
+    open_cache,
+    split_files,
+)
+from .sources import Document, iter_documents
+from .split import document_split
+from .tokenizer import EOS_TOKEN_ID, TokenizerFiles, build_tokenizer, resolve_files
+
+BATCH_CHARS = 1 << 20  # texts handed to encode_batch at once (~250k tokens): parallel and bounded
+
+
+@dataclass
+class SplitWriter:
+    """Appends documents to one split's `.bin` and `.jsonl`, hashing the bytes as they are written."""
+
+    directory: Path
+    split: str
+    budget: int | None
+    documents: int = 0
+    tokens: int = 0
+    _bin_hash: object = field(default_factory=hashlib.sha256)
+    _index_hash: object = field(default_factory=hashlib.sha256)
+
+    def __post_init__(self):
+        bin_name, index_name = split_files(self.split)
+        self._bin = open(self.directory / bin_name, "wb")
+        self._index = open(self.directory / index_name, "wb")
+
+    @property
+    def full(self) -> bool:
+        return self.budget is not None and self.tokens >= self.budget
+
+    def write(self, doc_id: str, ids: np.ndarray) -> None:
+        data = ids.tobytes()
+        line = json.dumps({"id": doc_id, "offset": self.tokens, "length": len(ids)}).encode() + b"\n"
+        self._bin.write(data)
+        self._index.write(line)
+        self._bin_hash.update(data)
+        self._index_hash.update(line)
+        self.documents += 1
+        self.tokens += len(ids)
+
+    def close(self) -> dict:
+        for handle in (self._bin, self._index):
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
+        bin_name, index_name = split_files(self.split)
+        return {
+            "documents": self.documents,
+            "tokens": self.tokens,
+            "prediction_pairs": self.tokens - self.documents,
+            "files": {
+                "bin": {"name": bin_name, "bytes": self.tokens * 4, "sha256": self._bin_hash.hexdigest()},
+                "index": {
+                    "name": index_name,
+                    "bytes": (self.directory / index_name).stat().st_size,
+                    "sha256": self._index_hash.hexdigest(),
+                },
+            },
+        }
+
+    def abort(self) -> None:
+        self._bin.close()
+        self._index.close()
+
+
+def _batches(documents: Iterable[Document], max_chars: int = BATCH_CHARS) -> Iterator[list[Document]]:
+    batch, chars = [], 0
+    for doc in documents:
+        batch.append(doc)
+        chars += len(doc.text)
+        if chars >= max_chars:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def _prefetch(iterator: Iterator, depth: int = 2) -> Iterator:
+    """Read the source in a thread so that reading overlaps tokenizing (encode_batch drops the GIL)."""
+    items: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce():
+        try:
+            for item in iterator:
+                if stop.is_set():
+                    return
+                items.put(item)
+            items.put(done)
+        except BaseException as error:  # re-raised in the consumer, with its traceback
+            items.put(error)
+
+    thread = threading.Thread(target=produce, daemon=True, name="pretrain-source-reader")
+    thread.start()
+    try:
+        while True:
+            item = items.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+@dataclass
+class BuildStats:
+    read: int = 0
+    duplicates: int = 0
+    empty: int = 0
+    over_budget: int = 0
+
+
+def _progress(enabled: bool, total: int | None):
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[bold]prepare"),
+        BarColumn(),
+        TextColumn("{task.fields[docs]:,} docs"),
+        TextColumn("{task.completed:,.0f} tokens"),
+        TextColumn("{task.fields[rate]:,.0f} tok/s"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+        transient=False,
+    ), total
+
+
+def build_cache(cfg, directory: Path, tokenizer_files: TokenizerFiles, *, progress: bool = True) -> dict:
+    """Tokenize the source into `directory` (which must be new) and write the manifest last."""
+    identity = cache_identity(cfg)
+    tokenizer = build_tokenizer(tokenizer_files, special_tokens=False)
+    split_cfg = identity["split"]
+    budgets = identity["budget"]
+    writers = {s: SplitWriter(directory, s, budgets[f"{s}_tokens"]) for s in SPLITS}
+    stats = BuildStats()
+    seen: set[bytes] = set()
+    total = None if None in budgets.values() else sum(budgets.values())
+    bar, total = _progress(progress, total)
+    started = time.perf_counter()
+    eos = np.array([EOS_TOKEN_ID], dtype=np.uint32)
+    try:
+        with bar:
+            task = bar.add_task("prepare", total=total, docs=0, rate=0.0)
+            for batch in _prefetch(_batches(iter_documents(cfg.source))):
+                chosen = []
+                for doc in batch:
+                    stats.read += 1
+                    if not doc.text.strip():
+                        stats.empty += 1
+                        continue
+                    digest = hashlib.sha256(doc.text.encode())
+                    if digest.digest() in seen:
+                        stats.duplicates += 1
+                        continue
+                    seen.add(digest.digest())
+                    doc_id = digest.hexdigest()
+                    split = document_split(doc_id, split_cfg["seed"], split_cfg["validation_fraction"])
+                    if writers[split].full:
+                        stats.over_budget += 1
+                        continue
+                    chosen.append((doc_id, split, doc.text))
+                # The literal text "<|endoftext|>" inside a document stays text: only our EOS separates documents.
+                encodings = tokenizer.encode_batch([text for _, _, text in chosen], add_special_tokens=False)
+                for (doc_id, split, _), encoding in zip(chosen, encodings, strict=True):
+                    writer = writers[split]
+                    if writer.full:  # the budget filled earlier in this batch
+                        stats.over_budget += 1
+                        continue
+                    writer.write(doc_id, np.concatenate([np.asarray(encoding.ids, dtype=np.uint32), eos]))
+                produced = sum(w.tokens for w in writers.values())
+                elapsed = time.perf_counter() - started
+                bar.update(task, completed=produced, docs=sum(w.documents for w in writers.values()), rate=produced / max(elapsed, 1e-9))
+                if all(w.full for w in writers.values()):
+                    break  # stop reading the source: both budgets are met
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
+    splits = {s: w.close() for s, w in writers.items()}
+    manifest = {
+        "format": identity["format"],
+        "key": identity_key(identity),
+        "identity": identity,
+        "splits": splits,
+        "build": {
+            "documents_read": stats.read,
+            "duplicates_skipped": stats.duplicates,
+            "empty_skipped": stats.empty,
+            "over_budget_skipped": stats.over_budget,
+            "seconds": round(time.perf_counter() - started, 3),
+            "tokenizer_files": tokenizer_files.fingerprint(),
+            "pretrain_version": __version__,
+            "python": sys.version.split()[0],
+        },
+    }
+    manifest["checksum"] = manifest_checksum(manifest)
+    path = directory / MANIFEST
+    with open(path, "w") as handle:
+        json.dump(manifest, handle, indent=2)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    return manifest
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def prepare_cache(cfg, *, progress: bool = True) -> Cache:
+    """The verified cache for `cfg`: reused if it verifies, built if absent, never used if corrupt."""
+    identity = cache_identity(cfg)
+    key = identity_key(identity)
+    root = cache_root(cfg)
+    root.mkdir(parents=True, exist_ok=True)
+    directory = root / key
+    lock = FileLock(str(root / f"{key}.lock"))
+    try:
+        lock.acquire(timeout=0.5)
+    except Timeout:
+        _log(f"waiting for another process building this cache (lock {lock.lock_file}) ...")
+        lock.acquire()
+    try:
+        if directory.exists():
+            try:
+                return open_cache(directory, identity)
+            except CacheError as error:
+                if not (cfg.get("cache") or {}).get("rebuild", False):
+                    raise
+                _log(f"rebuilding: {error}")
+                _discard(directory, root)
+        for stale in root.glob(f".{key}.tmp-*"):
+            # We hold the lock, so any temporary build of this identity is a dead process's leftover.
+            shutil.rmtree(stale, ignore_errors=True)
+        tokenizer_files = resolve_files(cfg.get("tokenizer") or {})
+        tmp = root / f".{key}.tmp-{os.getpid()}"
+        tmp.mkdir()
+        try:
+            manifest = build_cache(cfg, tmp, tokenizer_files, progress=progress)
+            _fsync_dir(tmp)
+            os.rename(tmp, directory)
+            _fsync_dir(root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return Cache(directory=directory, manifest=manifest)
+    finally:
+        lock.release()
+
+
+def _discard(directory: Path, root: Path) -> None:
+    """Move a bad cache out of the way atomically, then delete it."""
+    trash = root / f".{directory.name}.trash-{os.getpid()}"
+    os.rename(directory, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+__all__ = ["CacheError", "REBUILD_HINT", "build_cache", "prepare_cache"]

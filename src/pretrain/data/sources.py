@@ -1,0 +1,234 @@
+"""Where documents come from: the embedded pydocs corpus, local parquet/jsonl files, or FineWeb.
+
+Every source yields `Document(text, origin)` in a deterministic order; `origin` names the file and
+row so that a bad record can be reported precisely. Sources stream: nothing is read ahead of need.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import socket
+import sys
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+FINEWEB_PATH = "HuggingFaceFW/fineweb"
+FINEWEB_CONFIG = "sample-10BT"
+FINEWEB_REVISION = "9bb295ddab0e05d785b879661af7260fed5140fc"
+FINEWEB_DATA_DIR = "sample/10BT"
+
+
+class SourceError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Document:
+    text: str
+    origin: str
+
+
+# --- pydocs: real English prose shipped with every Python install --------------------------------
+
+# Tests, demos and vendored third-party code are not the standard library's documentation.
+_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "lib2to3", "turtledemo"}
+
+
+def _stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _pydoc_topics() -> dict[str, str]:
+    """The `topics` dict of pydoc_data/topics.py, read with ast (nothing is imported)."""
+    path = _stdlib_dir() / "pydoc_data" / "topics.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "topics" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise SourceError(f"{path} has no `topics` dict")
+
+
+def _module_docstrings(path: Path) -> str:
+    """The module's docstring followed by those of its classes and functions, in source order."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError):
+        return ""
+    parts = []
+    for node in ast.walk(tree):  # the module itself comes first
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node)
+            if doc and (node is tree or len(doc) > 40):
+                title = "" if node is tree else f"{node.name}\n"
+                parts.append(title + doc)
+    return "\n\n".join(dict.fromkeys(parts))  # identical docstrings (overloads) once
+
+
+def _stdlib_modules() -> list[Path]:
+    root = _stdlib_dir()
+    paths = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+        paths.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
+    return sorted(paths, key=lambda p: p.relative_to(root).as_posix())
+
+
+def pydocs_documents() -> Iterator[Document]:
+    """One document per pydoc topic and one per standard-library module with docstrings."""
+    for name, text in sorted(_pydoc_topics().items()):
+        yield Document(text=text, origin=f"pydoc_data.topics[{name!r}]")
+    root = _stdlib_dir()
+    for path in _stdlib_modules():
+        text = _module_docstrings(path)
+        if text.strip():
+            yield Document(text=text, origin=path.relative_to(root).as_posix())
+
+
+def pydocs_identity() -> dict:
+    # The corpus is whatever this Python ships: its version (and implementation) define the text.
+    return {"kind": "pydocs", "python": sys.version.split()[0], "implementation": sys.implementation.name}
+
+
+# --- local parquet / jsonl ----------------------------------------------------------------------
+
+_FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".ndjson": "json"}
+
+
+def _file_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in _FORMATS:
+        raise SourceError(f"{path}: unsupported file type {suffix!r}; give .parquet or .jsonl files with a `text` column")
+    return _FORMATS[suffix]
+
+
+def _rows(builder: str, path: Path) -> Iterator[dict]:
+    from datasets import load_dataset
+
+    stream = load_dataset(builder, data_files=[str(path)], split="train", streaming=True)
+    if builder == "parquet":
+        stream = stream.select_columns(["text"]) if "text" in (stream.column_names or ["text"]) else stream
+    yield from stream
+
+
+def local_documents(files) -> Iterator[Document]:
+    """Rows of local parquet/jsonl files (in the order given), streamed with `datasets`."""
+    for path in _local_paths(files):
+        builder = _file_format(path)
+        for row_number, row in enumerate(_rows(builder, path)):
+            if "text" not in row:
+                raise SourceError(f"{path}: row {row_number} has no `text` column (columns: {sorted(row)})")
+            text = row["text"]
+            if not isinstance(text, str):
+                raise SourceError(f"{path}: row {row_number}: `text` is {type(text).__name__}, not a string")
+            yield Document(text=text, origin=f"{path.name}:{row_number}")
+
+
+def _local_paths(files) -> list[Path]:
+    if files is None or isinstance(files, str | os.PathLike):
+        files = [files] if files else []
+    paths = [Path(f).expanduser().resolve() for f in files]
+    if not paths:
+        raise SourceError("source=local needs files: source.files='[a.parquet,b.jsonl]'")
+    for path in paths:
+        if not path.is_file():
+            raise SourceError(f"source.files: {path} does not exist")
+        _file_format(path)
+    return paths
+
+
+def local_identity(files) -> dict:
+    # Content, not names, identifies the corpus: a changed file must not reuse an old cache.
+    entries = []
+    for path in _local_paths(files):
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        entries.append({"name": path.name, "sha256": digest.hexdigest()})
+    return {"kind": "local", "files": entries}
+
+
+# --- FineWeb sample-10BT, streamed from the hub -------------------------------------------------
+
+_OFFLINE_HINT = (
+    "use source=local source.files='[...]' for your own parquet/jsonl files, "
+    "or source=pydocs for the embedded offline corpus"
+)
+
+
+def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def fineweb_documents(cfg) -> Iterator[Document]:
+    """FineWeb rows in the dataset's order; only as many as the budgets need are downloaded."""
+    path = cfg.get("path", FINEWEB_PATH)
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"} or os.environ.get(
+        "HF_DATASETS_OFFLINE", "0"
+    ).lower() in {"1", "true", "yes"}:
+        raise SourceError(f"source=fineweb needs the Hugging Face hub, but HF_HUB_OFFLINE is set; {_OFFLINE_HINT}")
+    if not _hub_reachable():
+        raise SourceError(f"source=fineweb: huggingface.co cannot be reached from this machine; {_OFFLINE_HINT}")
+    from datasets import load_dataset
+
+    stream = load_dataset(
+        path,
+        name=cfg.get("config_name", FINEWEB_CONFIG),
+        data_dir=cfg.get("data_dir", FINEWEB_DATA_DIR),
+        revision=cfg.get("revision", FINEWEB_REVISION),
+        split="train",
+        streaming=True,
+    )
+    for row_number, row in enumerate(stream):
+        text = row.get("text")
+        if not isinstance(text, str):
+            raise SourceError(f"{path}: row {row_number}: `text` is {type(text).__name__}, not a string")
+        yield Document(text=text, origin=f"{path}:{row.get('id', row_number)}")
+
+
+def fineweb_identity(cfg) -> dict:
+    return {
+        "kind": "fineweb",
+        "path": cfg.get("path", FINEWEB_PATH),
+        "config_name": cfg.get("config_name", FINEWEB_CONFIG),
+        "data_dir": cfg.get("data_dir", FINEWEB_DATA_DIR),
+        "revision": cfg.get("revision", FINEWEB_REVISION),
+    }
+
+
+# --- dispatch -----------------------------------------------------------------------------------
+
+SOURCE_KINDS = ("pydocs", "local", "fineweb")
+
+
+def _kind(cfg) -> str:
+    kind = cfg.get("kind")
+    if kind not in SOURCE_KINDS:
+        raise SourceError(f"source.kind={kind!r} is not one of {', '.join(SOURCE_KINDS)} (pick source=pydocs|local|fineweb)")
+    return kind
+
+
+def source_identity(cfg) -> dict:
+    kind = _kind(cfg)
+    if kind == "pydocs":
+        return pydocs_identity()
+    if kind == "local":
+        return local_identity(cfg.get("files"))
+    return fineweb_identity(cfg)
+
+
+def iter_documents(cfg) -> Iterator[Document]:
+    kind = _kind(cfg)
+    if kind == "pydocs":
+        return pydocs_documents()
+    if kind == "local":
+        return local_documents(cfg.get("files"))
+    return fineweb_documents(cfg)

