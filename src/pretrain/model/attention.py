@@ -1,0 +1,263 @@
+"""Document-isolating causal attention over a flat (T, H, D) batch, three interchangeable backends.
+
+Every backend attends causally *within* each segment of `cu_seqlens` and never across one:
+  sdpa    reference: segments regrouped into a few batched `scaled_dot_product_attention` calls
+  flex    FlexAttention with a document-causal BlockMask built once per batch
+  varlen  `torch.nn.attention.varlen.varlen_attn` (flash varlen kernel: CUDA, bf16/fp16 only)
+  auto    varlen on CUDA, sdpa elsewhere; an explicit backend is never silently replaced.
+
+The per-batch work (bucket plan, block mask, device copy of the boundaries) is done once by
+`prepare_attention` in GPT.forward and shared by all layers.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+BACKENDS = ("sdpa", "flex", "varlen")
+CHOICES = ("auto", *BACKENDS)
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+FLEX_CPU_TRAINING = (
+    "attn=flex cannot train on CPU: torch has no FlexAttention backward on CPU. Use attn=sdpa for CPU "
+    "training (attn=flex evaluation on CPU works under torch.no_grad/inference_mode), or train on CUDA."
+)
+
+
+def resolve_backend(name: str, device: torch.device | str) -> str:
+    """The concrete backend for `name` on `device`: only `auto` is resolved (varlen on CUDA, else sdpa)."""
+    if name not in CHOICES:
+        raise ValueError(f"attn.backend must be one of {', '.join(CHOICES)}; got {name!r}")
+    if name == "auto":
+        return "varlen" if torch.device(device).type == "cuda" else "sdpa"
+    return name
+
+
+def check_backend(name: str, device: torch.device | str, dtype: torch.dtype, training: bool) -> str:
+    """Fail early, with what to change, if `name` cannot run here; return the resolved backend.
+
+    `dtype` is the compute dtype of q/k/v (the autocast dtype under mixed precision).
+    """
+    backend = resolve_backend(name, device)
+    kind = torch.device(device).type
+    how = " (attn=auto picks varlen on CUDA)" if name == "auto" else ""
+    if backend == "varlen":
+        if kind != "cuda":
+            raise ValueError(
+                f"attn=varlen runs only on CUDA (the flash varlen kernel), not on {kind}; use attn=sdpa "
+                f"(or attn=auto, which picks sdpa off CUDA)"
+            )
+        if dtype not in HALF_DTYPES:
+            raise ValueError(
+                f"attn=varlen needs bf16 or fp16 q/k/v, got {dtype}{how}; train with bf16 mixed precision "
+                f"(e.g. trainer.precision=bf16-mixed) or use attn=sdpa"
+            )
+    if backend == "flex" and training and kind == "cpu":
+        raise ValueError(FLEX_CPU_TRAINING)
+    return backend
+
+
+# ---------------------------------------------------------------------------------------------- sdpa
+
+
+@dataclass(frozen=True)
+class SdpaPlan:
+    """How the segments of one batch are laid out for batched SDPA calls.
+
+    uniform_width > 0: every non-empty segment has that width, so (T, H, D) is viewed as
+    (S, W, H, D) and attended in one call with no copy (always the case for the padded policy).
+    Otherwise segments of similar length share a bucket padded to the bucket's longest one; pads go
+    after the real tokens, so `is_causal=True` already keeps every real query off them.
+    """
+
+    uniform_width: int
+    buckets: tuple[tuple[int, int], ...] = ()  # (segments, width) per bucket, in gather order
+    gather: torch.Tensor | None = None  # (N,) row of [q; zero row] for each padded slot
+    scatter: torch.Tensor | None = None  # (T,) slot of each token in the concatenated bucket outputs
+
+
+def bucket_widths(lengths: np.ndarray, per_octave: int = 4, min_step: int = 16) -> np.ndarray:
+    """Round each length up to a grid with `per_octave` steps per power of two (steps >= min_step):
+    a bucket pads a segment by < 1/per_octave of its length (beyond min_step), and a batch needs at
+    most ~per_octave * log2(max/min_step) calls whatever the number of segments."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    octave = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
+    step = np.maximum(min_step, (1 << octave) // per_octave)
+    return -(-lengths // step) * step
+
+
+def plan_sdpa(lengths: np.ndarray, device: torch.device | str, per_octave: int = 4) -> SdpaPlan:
+    """Bucket plan for segments of `lengths` (in batch order, zero-length segments allowed)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    num_tokens = int(lengths.sum())
+    real = lengths[lengths > 0]
+    if num_tokens == 0:
+        return SdpaPlan(uniform_width=0)
+    if (real == real[0]).all():
+        return SdpaPlan(uniform_width=int(real[0]))
+    starts = np.cumsum(lengths) - lengths
+    seg = np.flatnonzero(lengths > 0)
+    grid = bucket_widths(lengths[seg], per_octave)
+    order = seg[np.lexsort((seg, grid))]  # grouped by bucket, batch order inside a bucket
+    grid_sorted = np.sort(grid, kind="stable")
+    # Shrink each bucket to its longest member: a bucket of equal lengths then needs no padding.
+    edges = np.flatnonzero(np.diff(grid_sorted)) + 1
+    groups = np.split(np.arange(len(order)), edges)
+    width = np.empty(len(order), dtype=np.int64)
+    buckets = []
+    for group in groups:
+        w = int(lengths[order[group]].max())
+        width[group] = w
+        buckets.append((len(group), w))
+    # Slot layout: segment order[i] occupies [base[i], base[i] + width[i]) of the padded buffer.
+    base = np.cumsum(width) - width
+    total = int(width.sum())
+    owner = np.repeat(np.arange(len(order)), width)
+    col = np.arange(total, dtype=np.int64) - base[owner]
+    seg_len = lengths[order][owner]
+    gather = np.where(col < seg_len, starts[order][owner] + col, num_tokens)  # num_tokens = the zero row
+    base_of = np.zeros(len(lengths), dtype=np.int64)
+    base_of[order] = base
+    token_seg = np.repeat(np.arange(len(lengths)), lengths)
+    scatter = base_of[token_seg] + np.arange(num_tokens, dtype=np.int64) - starts[token_seg]
+    return SdpaPlan(
+        uniform_width=0,
+        buckets=tuple(buckets),
+        gather=torch.from_numpy(gather).to(device),
+        scatter=torch.from_numpy(scatter).to(device),
+    )
+
+
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """Causal SDPA over `rows` independent sequences of `width` stored flat as (rows*width, H, D)."""
+    _, heads, dim = q.shape
+    shaped = [x.reshape(rows, width, heads, dim).transpose(1, 2) for x in (q, k, v)]
+    out = F.scaled_dot_product_attention(*shaped, is_causal=True)
+    return out.transpose(1, 2).reshape(rows * width, heads, dim)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SdpaPlan) -> torch.Tensor:
+    """Causal attention within each segment with `F.scaled_dot_product_attention`; (T,H,D) -> (T,H,D)."""
+    num_tokens, heads, dim = q.shape
+    if num_tokens == 0:
+        return q.new_empty(q.shape)
+    if plan.uniform_width:
+        return _causal_sdpa(q, k, v, num_tokens // plan.uniform_width, plan.uniform_width)
+    zero = q.new_zeros(1, heads, dim)
+    sizes = [n * w for n, w in plan.buckets]
+    parts = [torch.cat([x, zero.to(x.dtype)]).index_select(0, plan.gather).split(sizes) for x in (q, k, v)]
+    outs = [
+        _causal_sdpa(qb, kb, vb, n, w) for (n, w), qb, kb, vb in zip(plan.buckets, *parts, strict=True)
+    ]
+    return torch.cat(outs).index_select(0, plan.scatter)
+
+
+# ---------------------------------------------------------------------------------------------- flex
+
+
+def document_block_mask(lengths: torch.Tensor, num_tokens: int, device: torch.device, compile: bool):
+    """Document-causal BlockMask over the flat batch: token i sees token j iff same segment and j <= i."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    lengths = lengths.to(device=device, dtype=torch.int64)
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths, output_size=num_tokens)
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    return create_block_mask(document_causal, None, None, num_tokens, num_tokens, device=device, _compile=compile)
+
+
+@cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention)
+
+
+def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, compiled: bool) -> torch.Tensor:
+    """FlexAttention with the batch's document-causal BlockMask; (T,H,D) -> (T,H,D)."""
+    from torch.nn.attention.flex_attention import flex_attention as eager_flex
+
+    if q.device.type == "cpu":
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+            raise ValueError(FLEX_CPU_TRAINING)
+        # Torch refuses CPU flex whenever an input requires grad, even under no_grad.
+        q, k, v = q.detach(), k.detach(), v.detach()
+    shaped = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)]  # (1, H, T, D)
+    if compiled:
+        out = _compiled_flex()(*shaped, block_mask=block_mask)
+    else:
+        with warnings.catch_warnings():  # eager is deliberate here (CPU evaluation, debugging)
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            out = eager_flex(*shaped, block_mask=block_mask)
+    return out.squeeze(0).transpose(0, 1)
+
+
+# -------------------------------------------------------------------------------------------- varlen
+
+
+def varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int
+) -> torch.Tensor:
+    """Flash varlen attention, causal within each segment; (T,H,D) -> (T,H,D). CUDA, bf16/fp16 only."""
+    if q.device.type != "cuda" or q.dtype not in HALF_DTYPES:
+        check_backend("varlen", q.device, q.dtype, training=False)  # raises with what to change
+    from torch.nn.attention.varlen import varlen_attn
+
+    q, k, v = (x.contiguous() for x in (q, k, v))  # the flash kernel wants dense (T, H, D)
+    # window_size must be the tuple (-1, 0): that (and only that) selects the causal kernel.
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=(-1, 0))
+
+
+# --------------------------------------------------------------------------------------------- batch
+
+
+@dataclass(frozen=True)
+class AttentionBatch:
+    """Per-batch attention metadata, built once and passed to every layer."""
+
+    backend: str
+    cu_seqlens: torch.Tensor  # (S+1,) int32 on the compute device
+    max_seqlen: int
+    sdpa_plan: SdpaPlan | None = None
+    block_mask: object = None  # flex BlockMask
+    compiled: bool = False  # flex: use torch.compile(flex_attention)
+
+
+def prepare_attention(
+    backend: str,
+    cu_seqlens: torch.Tensor,
+    lengths: np.ndarray,
+    device: torch.device,
+    flex_compile: bool | str = "auto",
+) -> AttentionBatch:
+    """Build what `backend` needs for this batch: sdpa bucket plan, flex BlockMask, varlen boundaries."""
+    device = torch.device(device)
+    cu = cu_seqlens.to(device=device, dtype=torch.int32, non_blocking=True)
+    max_seqlen = int(lengths.max()) if len(lengths) else 0
+    num_tokens = int(lengths.sum())
+    if backend == "sdpa":
+        return AttentionBatch(backend, cu, max_seqlen, sdpa_plan=plan_sdpa(lengths, device))
+    if backend == "flex":
+        compiled = device.type == "cuda" if flex_compile == "auto" else bool(flex_compile)
+        mask = document_block_mask(torch.from_numpy(lengths), num_tokens, device, compile=compiled)
+        return AttentionBatch(backend, cu, max_seqlen, block_mask=mask, compiled=compiled)
+    if backend == "varlen":
+        return AttentionBatch(backend, cu, max_seqlen)
+    raise ValueError(f"prepare_attention needs a concrete backend ({', '.join(BACKENDS)}), got {backend!r}")
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionBatch) -> torch.Tensor:
+    """Dispatch to the batch's backend; q, k, v and the result are (T, H, D)."""
+    if meta.backend == "sdpa":
+        return sdpa_attention(q, k, v, meta.sdpa_plan)
+    if meta.backend == "flex":
+        return flex_attention(q, k, v, meta.block_mask, meta.compiled)
+    return varlen_attention(q, k, v, meta.cu_seqlens, meta.max_seqlen)

@@ -1,0 +1,156 @@
+"""GPT-2 over a flat, padding-free PackedBatch.
+
+Every layer runs on the T rows of the batch, no (batch, seq) grid: embeddings, QKV, MLP and head see
+only real tokens for packed policies (the padded policy brings its pads in T itself). Attention is
+the only place segments matter; it gets q/k/v in THD layout plus per-batch metadata built once.
+
+No attention-probability dropout: the varlen and flex kernels have none, and the backends must be
+interchangeable; `dropout` applies to embeddings and residual branches as in GPT-2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.batch import PackedBatch
+from .attention import CHOICES, AttentionBatch, attention, check_backend, prepare_attention
+from .config import GPTConfig
+from .loss import token_cross_entropy
+from .validation import check_batch
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        self.c_proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, meta: AttentionBatch) -> torch.Tensor:
+        rows, width = x.shape
+        q, k, v = self.c_attn(x).view(rows, 3, self.n_head, width // self.n_head).unbind(1)
+        y = attention(q, k, v, meta).reshape(rows, width)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.d_model, 4 * config.d_model, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.d_model, config.d_model, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))  # GPT-2's gelu
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, meta: AttentionBatch) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), meta)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-2 on PackedBatch. `attn` is `auto`, `sdpa`, `flex` or `varlen` (attention.py);
+    `flex_compile` is `auto` (compile flex_attention on CUDA only), True or False."""
+
+    def __init__(self, config: GPTConfig, attn: str = "sdpa", flex_compile: bool | str = "auto"):
+        super().__init__()
+        if attn not in CHOICES:
+            raise ValueError(f"attn.backend must be one of {', '.join(CHOICES)}; got {attn!r}")
+        if flex_compile not in ("auto", True, False):
+            raise ValueError(f"attn.compile must be auto, true or false; got {flex_compile!r}")
+        self.config = config
+        self.attn_backend = attn
+        self.flex_compile = flex_compile
+        self.wte = nn.Embedding(config.vocab_size, config.d_model)
+        self.wpe = nn.Embedding(config.max_seq_len, config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+        self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.apply(self._init_weights)
+        # GPT-2: residual projections scaled so the residual stream's variance does not grow with depth.
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    @classmethod
+    def from_config(cls, model_cfg: Mapping, attn_backend: str | Mapping = "auto") -> GPT:
+        """From conf/model/*.yaml and either a backend name or the conf/attn/*.yaml node."""
+        config = GPTConfig.from_mapping(model_cfg)
+        if isinstance(attn_backend, Mapping) or hasattr(attn_backend, "items"):
+            return cls(config, attn=attn_backend["backend"], flex_compile=attn_backend.get("compile", "auto"))
+        return cls(config, attn=attn_backend)
+
+    def num_parameters(self, exclude_position_embeddings: bool = False) -> int:
+        """Distinct parameters (the tied head counts once)."""
+        total = sum(p.numel() for p in self.parameters())
+        return total - self.wpe.weight.numel() if exclude_position_embeddings else total
+
+    def backend(self, device: torch.device | None = None) -> str:
+        """The concrete backend on `device` (default: where the model lives)."""
+        device = self.wte.weight.device if device is None else torch.device(device)
+        return check_backend(self.attn_backend, device, self._compute_dtype(device), self._training_step())
+
+    def _compute_dtype(self, device: torch.device) -> torch.dtype:
+        if device.type in ("cuda", "cpu") and torch.is_autocast_enabled(device.type):
+            return torch.get_autocast_dtype(device.type)
+        return self.wte.weight.dtype
+
+    def _training_step(self) -> bool:
+        return torch.is_grad_enabled() and self.wte.weight.requires_grad
+
+    def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
+        """(T, d_model) output of the final LayerNorm, one row per input row."""
+        device = self.wte.weight.device
+        backend = self.backend(device)  # before any compute: a backend that cannot run fails here
+        lengths = check_batch(batch, self.config.max_seq_len)
+        meta = prepare_attention(backend, batch.cu_seqlens, lengths, device, self.flex_compile)
+        input_ids = batch.input_ids.to(device, non_blocking=True)
+        position_ids = batch.position_ids.to(device, non_blocking=True)
+        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
+        for block in self.h:
+            x = block(x, meta)
+        return self.ln_f(x)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        """(T, vocab) logits through the tied embedding."""
+        return F.linear(self.hidden_states(batch), self.wte.weight)
+
+    def token_losses(self, batch: PackedBatch) -> torch.Tensor:
+        """(T,) fp32 next-token cross-entropy; 0 where the target is IGNORE_INDEX."""
+        targets = batch.targets.to(self.wte.weight.device, non_blocking=True)
+        return token_cross_entropy(self.hidden_states(batch), self.wte.weight, targets)
+
+    def loss(self, batch: PackedBatch, denominator: int | float | torch.Tensor) -> torch.Tensor:
+        """Sum of token cross-entropy over counted targets divided by the caller's `denominator`
+        (e.g. the real targets of a whole accumulated step), never a per-batch mean."""
+        if not isinstance(denominator, torch.Tensor) and not denominator > 0:
+            raise ValueError(f"loss denominator must be > 0 (e.g. the step's real targets), got {denominator!r}")
+        return self.token_losses(batch).sum() / denominator
+
+
+def build_model(cfg_model: Mapping, backend: str | Mapping = "auto") -> GPT:
+    """`GPT.from_config` as a function (Hydra: build_model(cfg.model, cfg.attn))."""
+    return GPT.from_config(cfg_model, backend)
+
