@@ -1,0 +1,197 @@
+"""Packing algorithms: which chunks share a pack. Pure index arithmetic; no token is read.
+
+* `best_fit_decreasing`: offline Best-Fit-Decreasing ("Fewer Truncations Improve Language
+  Modeling", Ding et al. 2024) in O(N log L) with a segment tree over remaining capacities.
+* `best_fit_buffered`: online best fit from a bounded candidate buffer over a given chunk order.
+* `concat_windows`: the split's token stream cut into fixed windows (nanoGPT / Megatron style),
+  described as pieces that each lie inside one document.
+
+A packing is returned as `(items, ptr)`: pack p holds items[ptr[p] : ptr[p + 1]] in that order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right, insort
+from dataclasses import dataclass
+
+import numpy as np
+
+_SEQ_BITS = 32
+_SEQ_MASK = (1 << _SEQ_BITS) - 1
+
+
+def _check_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if capacity < 1:
+        raise ValueError(f"pack capacity must be >= 1, got {capacity}")
+    if len(lengths) and (lengths.min() < 1 or lengths.max() > capacity):
+        raise ValueError(f"chunk lengths must lie in 1..{capacity}, got {lengths.min()}..{lengths.max()}")
+    return lengths
+
+
+def _ptr(sizes: list[int] | np.ndarray) -> np.ndarray:
+    ptr = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(sizes, dtype=np.int64), out=ptr[1:])
+    return ptr
+
+
+def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Offline Best-Fit-Decreasing of items `lengths` (indices 0..N-1) into packs of `capacity`.
+
+    Items are taken longest first (ties: lower index first); each goes into the open pack whose
+    remaining space is the smallest that still holds it (ties: the pack opened first), else opens
+    a new pack. A max segment tree over remaining capacities 1..capacity (leaf r holds r while some
+    pack has exactly r left) finds that pack in O(log L); a heap per remaining capacity breaks ties.
+    Returns (items, ptr) with packs in the order they were opened, items in insertion order.
+    """
+    lengths = _check_lengths(lengths, capacity)
+    order = np.argsort(-lengths, kind="stable")
+    size = 1
+    while size < capacity + 1:
+        size *= 2
+    tree = [0] * (2 * size)  # tree[size + r] = r if some open pack has r left, else 0
+    bins_at: list[list[int]] = [[] for _ in range(capacity + 1)]  # heaps of pack ids by space left
+    contents: list[list[int]] = []
+
+    def set_leaf(r: int, value: int) -> None:
+        node = size + r
+        tree[node] = value
+        node >>= 1
+        while node:
+            best = tree[2 * node] if tree[2 * node] > tree[2 * node + 1] else tree[2 * node + 1]
+            if tree[node] == best:
+                break
+            tree[node] = best
+            node >>= 1
+
+    for item, length in zip(order.tolist(), lengths[order].tolist(), strict=True):
+        if tree[1] >= length:
+            node = 1
+            while node < size:  # leftmost leaf >= length: the smallest sufficient space
+                node = 2 * node if tree[2 * node] >= length else 2 * node + 1
+            space = node - size
+            heap = bins_at[space]
+            pack = heapq.heappop(heap)
+            if not heap:
+                set_leaf(space, 0)
+            contents[pack].append(item)
+        else:
+            space = capacity
+            pack = len(contents)
+            contents.append([item])
+        left = space - length
+        if left:
+            if not bins_at[left]:
+                set_leaf(left, left)
+            heapq.heappush(bins_at[left], pack)
+    items = np.fromiter((i for pack in contents for i in pack), dtype=np.int64, count=len(lengths))
+    return items, _ptr([len(pack) for pack in contents])
+
+
+def best_fit_decreasing_naive(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """O(N^2) reference of `best_fit_decreasing` with the same tie-breaking (tests only)."""
+    lengths = _check_lengths(lengths, capacity)
+    order = np.argsort(-lengths, kind="stable")
+    spaces: list[int] = []
+    contents: list[list[int]] = []
+    for item in order.tolist():
+        length = int(lengths[item])
+        best = -1
+        for pack, space in enumerate(spaces):
+            if length <= space and (best < 0 or space < spaces[best]):
+                best = pack
+        if best < 0:
+            spaces.append(capacity)
+            contents.append([])
+            best = len(spaces) - 1
+        spaces[best] -= length
+        contents[best].append(item)
+    items = np.array([i for pack in contents for i in pack], dtype=np.int64)
+    return items, _ptr([len(pack) for pack in contents])
+
+
+def best_fit_buffered(lengths: np.ndarray, capacity: int, buffer: int) -> tuple[np.ndarray, np.ndarray]:
+    """Online best fit over the items in the given order (item i has length lengths[i]).
+
+    A candidate buffer holds the next `buffer` items of the order. A pack is filled by repeatedly
+    taking the longest buffered item that fits the space left (ties: the earliest in the order),
+    refilling the buffer from the order after each take; the pack closes when nothing buffered fits.
+    The buffer is a sorted list of keys length << 32 | (mask - seq): one bisect finds the item.
+    """
+    lengths = _check_lengths(lengths, capacity)
+    if buffer < 1:
+        raise ValueError(f"train.packing_buffer must be >= 1, got {buffer}")
+    n = len(lengths)
+    if n >= _SEQ_MASK:
+        raise ValueError(f"too many chunks for one packing pass: {n}")
+    keys_in = ((lengths << _SEQ_BITS) | (_SEQ_MASK - np.arange(n, dtype=np.int64))).tolist()
+    keys = sorted(keys_in[:buffer])
+    nxt = min(buffer, n)
+    taken: list[int] = []
+    sizes: list[int] = []
+    append = taken.append
+    while keys:
+        space = capacity
+        count = 0
+        while True:
+            i = bisect_right(keys, (space << _SEQ_BITS) | _SEQ_MASK) - 1
+            if i < 0:
+                break
+            key = keys.pop(i)
+            append(key)
+            count += 1
+            space -= key >> _SEQ_BITS
+            if nxt < n:
+                insort(keys, keys_in[nxt])
+                nxt += 1
+            if not space:
+                break
+        sizes.append(count)
+    seq = _SEQ_MASK - (np.array(taken, dtype=np.int64) & _SEQ_MASK)
+    return seq, _ptr(sizes)
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Fixed windows over the split's token stream (documents in index order, EOS included).
+
+    Window w has inputs stream[wL : wL + L] (the last one shorter) and targets one further; it is
+    described by pieces ptr[w] : ptr[w + 1], each inside one document: inputs tokens[start : start +
+    length] of document doc. `ends_document` marks pieces whose last input is their document's EOS:
+    its target is the next document's first token (a cross-document pair, not a real one).
+    """
+
+    start: np.ndarray  # int64 token offset of the piece's first input in the token file
+    length: np.ndarray  # int64
+    doc: np.ndarray  # int64
+    ends_document: np.ndarray  # bool
+    ptr: np.ndarray  # int64, len = windows + 1
+
+    def __len__(self) -> int:
+        return len(self.ptr) - 1
+
+
+def concat_windows(offsets: np.ndarray, lengths: np.ndarray, capacity: int) -> Windows:
+    """Cut the stream of all documents (N tokens, N - 1 pairs) into ceil((N - 1) / capacity) windows."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    doc_start = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=doc_start[1:])
+    inputs = max(int(doc_start[-1]) - 1, 0)  # the last EOS has no target
+    empty = np.zeros(0, dtype=np.int64)
+    if inputs == 0:
+        return Windows(empty, empty, empty, np.zeros(0, dtype=bool), np.zeros(1, dtype=np.int64))
+    window_start = np.arange(0, inputs, capacity, dtype=np.int64)
+    bounds = np.union1d(window_start, doc_start[(doc_start > 0) & (doc_start < inputs)])
+    piece_end = np.append(bounds[1:], inputs)
+    doc = np.searchsorted(doc_start, bounds, side="right") - 1
+    window = bounds // capacity
+    ptr = np.searchsorted(window, np.arange(len(window_start) + 1), side="left").astype(np.int64)
+    return Windows(
+        start=offsets[doc] + (bounds - doc_start[doc]),
+        length=piece_end - bounds,
+        doc=doc,
+        ends_document=piece_end == doc_start[doc + 1],
+        ptr=ptr,
+    )

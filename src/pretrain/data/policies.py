@@ -1,0 +1,280 @@
+"""The three data policies: their settings (read from the config) and the units they batch.
+
+A policy turns a split into *units* (a padded row or a pack), each a list of *items* (a run of
+inputs inside one document), then batches units. `Layout` is that description as flat arrays:
+
+* `padded`: one unit per document, its first chunk only (truncated to max_seq_len inputs);
+* `prepacked`: packs fixed ahead of time and stored beside the cache (`concat` windows or offline
+  `bfd` of the chunks), see `load_or_build_packs`;
+* `bestfit`: per epoch, online best fit of the shuffled chunks from a bounded candidate buffer.
+
+Nothing here reads a token: only the split's index (offsets, lengths) is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import uuid
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .chunking import ChunkTable, check_max_seq_len, chunk_table
+from .packing import best_fit_buffered, best_fit_decreasing, concat_windows
+from .tokens import TokenSplit
+
+log = logging.getLogger(__name__)
+
+POLICIES = ("padded", "prepacked", "bestfit")
+STRATEGIES = ("concat", "bfd")
+PAD_TO = ("max", "longest")
+PACKS_FORMAT = 1
+
+_BOTH_SIZES = "set only one of train.batch_size and train.microbatch_tokens (e.g. train.batch_size=null)"
+
+
+def _select(cfg, key: str, default=None):
+    """cfg[a][b] for key 'a.b' on a DictConfig or nested dicts; `default` when missing or None."""
+    node = cfg
+    for part in key.split("."):
+        try:
+            node = node[part] if node is not None else None
+        except Exception:  # KeyError, TypeError, omegaconf's ConfigKeyError in struct mode
+            return default
+    return default if node is None else node
+
+
+def _positive_int(value, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or int(value) < 1:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """Everything the samplers need from the composed root config, validated."""
+
+    policy: str
+    max_seq_len: int
+    seed: int
+    batch_size: int  # training packs (or padded rows) per microbatch
+    eval_batch_size: int  # validation packs (or rows) per microbatch
+    val_batches: int | None  # validation microbatches per rank; None = all
+    accumulation: int = 1
+    pad_to: str = "max"
+    strategy: str = "concat"
+    document_mask: bool = True
+    packing_buffer: int = 64
+
+    @classmethod
+    def from_cfg(cls, cfg) -> PolicySettings:
+        policy = _select(cfg, "data.policy")
+        if policy not in POLICIES:
+            raise ValueError(f"unknown data.policy {policy!r}; choose one of {', '.join(POLICIES)} (e.g. data=bestfit)")
+        max_seq_len = check_max_seq_len(_select(cfg, "data.max_seq_len"))
+        batch_size = _select(cfg, "train.batch_size")
+        microbatch_tokens = _select(cfg, "train.microbatch_tokens")
+        if batch_size is not None and microbatch_tokens is not None:
+            raise ValueError(_BOTH_SIZES)
+        if batch_size is None and microbatch_tokens is None:
+            raise ValueError("set one of train.batch_size (packs per microbatch) and train.microbatch_tokens")
+        if batch_size is not None:
+            batch_size = _positive_int(batch_size, "train.batch_size")
+        else:
+            batch_size = max(1, _positive_int(microbatch_tokens, "train.microbatch_tokens") // max_seq_len)
+        eval_tokens = _positive_int(_select(cfg, "train.eval_microbatch_tokens", 8192), "train.eval_microbatch_tokens")
+        val_batches = _select(cfg, "train.val_batches")
+        if val_batches is not None:
+            val_batches = _positive_int(val_batches, "train.val_batches")
+        pad_to = str(_select(cfg, "data.pad_to", "max"))
+        if pad_to not in PAD_TO:
+            raise ValueError(f"unknown data.pad_to {pad_to!r}; choose one of {', '.join(PAD_TO)}")
+        strategy = str(_select(cfg, "data.strategy", "concat"))
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown data.strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        document_mask = _select(cfg, "data.document_mask", True)
+        if not isinstance(document_mask, bool):
+            raise ValueError(f"data.document_mask must be true or false, got {document_mask!r}")
+        seed = _select(cfg, "seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
+        return cls(
+            policy=policy,
+            max_seq_len=max_seq_len,
+            seed=int(seed),
+            batch_size=batch_size,
+            eval_batch_size=max(1, eval_tokens // max_seq_len),
+            val_batches=val_batches,
+            accumulation=_positive_int(_select(cfg, "train.accumulation", 1), "train.accumulation"),
+            pad_to=pad_to,
+            strategy=strategy,
+            document_mask=document_mask,
+            packing_buffer=_positive_int(_select(cfg, "train.packing_buffer", 64), "train.packing_buffer"),
+        )
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Units (padded rows or packs) of a split: unit u holds items ptr[u] : ptr[u + 1], item i being
+    inputs tokens[start[i] : start[i] + length[i]] of document doc[i] (targets one token further).
+
+    `item_id` names items for bookkeeping: the global chunk id in the split's chunk table, or for
+    concat windows the piece index. `ends_document` (concat only) marks items whose last input is
+    their document's EOS, so that their last target is the next document's first token."""
+
+    start: np.ndarray
+    length: np.ndarray
+    doc: np.ndarray
+    item_id: np.ndarray
+    ptr: np.ndarray
+    ends_document: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.ptr) - 1
+
+    @property
+    def unit_tokens(self) -> np.ndarray:
+        """Real tokens per unit."""
+        if len(self.length) == 0:
+            return np.zeros(len(self), dtype=np.int64)
+        sums = np.add.reduceat(self.length, np.minimum(self.ptr[:-1], len(self.length) - 1))
+        return np.where(np.diff(self.ptr) > 0, sums, 0)
+
+    def items_of(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Item indices of `units` (in that order) and the number of items of each unit."""
+        units = np.asarray(units, dtype=np.int64)
+        first = self.ptr[units]
+        counts = self.ptr[units + 1] - first
+        base = np.repeat(first - (np.cumsum(counts) - counts), counts)
+        return base + np.arange(int(counts.sum()), dtype=np.int64), counts
+
+
+def _chunk_layout(table: ChunkTable, items: np.ndarray, ptr: np.ndarray) -> Layout:
+    return Layout(start=table.start[items], length=table.length[items], doc=table.doc[items], item_id=items, ptr=ptr)
+
+
+def first_chunk_ids(table: ChunkTable) -> np.ndarray:
+    """Global chunk id of each document's first chunk."""
+    new_doc = np.ones(len(table), dtype=bool)
+    new_doc[1:] = table.doc[1:] != table.doc[:-1]
+    return np.flatnonzero(new_doc)
+
+
+def padded_layout(table: ChunkTable) -> Layout:
+    """One row per document: its first chunk (max_seq_len inputs at most; the rest is truncated)."""
+    items = first_chunk_ids(table)
+    return _chunk_layout(table, items, np.arange(len(items) + 1, dtype=np.int64))
+
+
+def bestfit_layout(table: ChunkTable, order: np.ndarray, buffer: int) -> Layout:
+    """Online best fit of the chunks taken in `order` (a permutation of chunk ids)."""
+    order = np.asarray(order, dtype=np.int64)
+    seq, ptr = best_fit_buffered(table.length[order], table.max_seq_len, buffer)
+    return _chunk_layout(table, order[seq], ptr)
+
+
+def bfd_layout(table: ChunkTable) -> Layout:
+    items, ptr = best_fit_decreasing(table.length, table.max_seq_len)
+    return _chunk_layout(table, items, ptr)
+
+
+def concat_layout(split: TokenSplit, max_seq_len: int) -> Layout:
+    w = concat_windows(split.offsets, split.lengths, max_seq_len)
+    return Layout(
+        start=w.start,
+        length=w.length,
+        doc=w.doc,
+        item_id=np.arange(len(w.start), dtype=np.int64),
+        ptr=w.ptr,
+        ends_document=w.ends_document,
+    )
+
+
+def split_fingerprint(split: TokenSplit) -> str:
+    """Identity of a split's index (what every layout depends on): document count, offsets, lengths."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(np.int64(len(split)).tobytes())
+    digest.update(np.ascontiguousarray(split.offsets, dtype=np.int64).tobytes())
+    digest.update(np.ascontiguousarray(split.lengths, dtype=np.int64).tobytes())
+    return digest.hexdigest()
+
+
+def packs_path(packs_dir: Path, split_name: str, strategy: str, max_seq_len: int) -> Path:
+    return Path(packs_dir) / f"{split_name}-{strategy}-L{max_seq_len}.npz"
+
+
+def _write_atomic(path: Path, arrays: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            np.savez(handle, **arrays)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_packs(path: Path, header: dict) -> dict | None:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if json.loads(str(data["header"])) != header:
+                return None
+            return {k: data[k] for k in data.files if k != "header"}
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError):
+        return None
+
+
+def load_or_build_packs(
+    split: TokenSplit, table: ChunkTable, strategy: str, packs_dir: Path | None = None
+) -> Layout:
+    """The prepacked layout of a split: read from `packs_dir` when a file with the same header
+    (format, strategy, max_seq_len, split name and fingerprint) is there, else built and written
+    atomically (tmp file + os.replace), so concurrent ranks never see a torn file. Without
+    `packs_dir` the packs are only built in memory."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown data.strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    max_seq_len = table.max_seq_len
+    header = {
+        "format": PACKS_FORMAT,
+        "strategy": strategy,
+        "max_seq_len": max_seq_len,
+        "split": split.name,
+        "split_fingerprint": split_fingerprint(split),
+    }
+    path = packs_path(packs_dir, split.name, strategy, max_seq_len) if packs_dir is not None else None
+    stored = _read_packs(path, header) if path is not None and path.exists() else None
+    if stored is None:
+        if path is not None and path.exists():
+            log.warning("rebuilding stale or unreadable packs %s", path)
+        if strategy == "bfd":
+            items, ptr = best_fit_decreasing(table.length, max_seq_len)
+            stored = {"items": items, "ptr": ptr}
+        else:
+            w = concat_windows(split.offsets, split.lengths, max_seq_len)
+            stored = {"start": w.start, "length": w.length, "doc": w.doc, "ends_document": w.ends_document, "ptr": w.ptr}
+        if path is not None:
+            _write_atomic(path, {"header": np.array(json.dumps(header, sort_keys=True)), **stored})
+    if strategy == "bfd":
+        return _chunk_layout(table, stored["items"].astype(np.int64), stored["ptr"].astype(np.int64))
+    return Layout(
+        start=stored["start"],
+        length=stored["length"],
+        doc=stored["doc"],
+        item_id=np.arange(len(stored["start"]), dtype=np.int64),
+        ptr=stored["ptr"],
+        ends_document=stored["ends_document"].astype(bool),
+    )
+
+
+def split_chunks(split: TokenSplit, max_seq_len: int) -> ChunkTable:
+    return chunk_table(split.offsets, split.lengths, max_seq_len)
