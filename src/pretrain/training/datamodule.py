@@ -1,0 +1,125 @@
+"""The Lightning data module: the verified cache, the policy's samplers, and exact-resume state.
+
+Each training item is one whole optimizer update (`train.accumulation` microbatches), so the loss can
+be normalised by the update's token count before the first backward. Every item carries the sampler
+state *after* it; the module records the state of the last update it actually trained, and that is
+what a checkpoint saves. Lightning prefetches one item ahead, so the sampler's live state would be
+one update too far: a resume from it would silently skip an update.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+
+import lightning as L
+from torch.utils.data import DataLoader, IterableDataset
+
+from ..data.batch import PackedBatch
+from ..data.cache import Cache, identity_key, cache_identity
+from ..data.samplers import build_sampler
+from ..data.prepare import prepare_cache
+
+STATE_FORMAT = 1
+
+
+@dataclass
+class Update:
+    """The microbatches of one optimizer update and the train sampler's state after them."""
+
+    microbatches: list[PackedBatch]
+    sampler_state: dict = field(default_factory=dict)
+
+    def to(self, device, non_blocking: bool = False) -> Update:
+        return replace(self, microbatches=[mb.to(device, non_blocking=non_blocking) for mb in self.microbatches])
+
+
+class UpdateStream(IterableDataset):
+    """Endless updates from a train sampler, epoch after epoch."""
+
+    def __init__(self, sampler, accumulation: int):
+        self.sampler = sampler
+        self.accumulation = accumulation
+
+    def __iter__(self):
+        group: list[PackedBatch] = []
+        while True:
+            produced = False
+            for batch in self.sampler:
+                produced = True
+                group.append(batch)
+                if len(group) == self.accumulation:
+                    yield Update(microbatches=group, sampler_state=copy.deepcopy(self.sampler.state_dict()))
+                    group = []
+            if not produced:
+                raise RuntimeError(
+                    "the training split yields no batch for this rank: the cache is too small for "
+                    "train.batch_size x world size; lower train.batch_size or raise budget.train_tokens"
+                )
+
+
+class BatchStream(IterableDataset):
+    """One pass of a sampler (validation: the same fixed batches every time)."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        yield from self.sampler
+
+
+def _as_is(item):
+    return item
+
+
+class PretrainDataModule(L.LightningDataModule):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.cache: Cache | None = None
+        self.train_sampler = None
+        self.val_sampler = None
+        self._trained_state: dict | None = None  # sampler state after the last trained update
+        self._resume_state: dict | None = None  # from a checkpoint, applied when the sampler is built
+
+    @property
+    def cache_key(self) -> str:
+        return identity_key(cache_identity(self.cfg))
+
+    def prepare_data(self) -> None:
+        # Local rank 0 first; the other ranks wait on the cache's file lock in setup() and reuse it.
+        prepare_cache(self.cfg)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.cache is None:
+            self.cache = prepare_cache(self.cfg, progress=False)
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        common = dict(rank=rank, world_size=world, packs_dir=self.cache.packs_dir)
+        if self.train_sampler is None:
+            self.train_sampler = build_sampler(self.cfg, self.cache.split("train"), train=True, **common)
+        if self.val_sampler is None:
+            self.val_sampler = build_sampler(self.cfg, self.cache.split("validation"), train=False, **common)
+
+    def train_dataloader(self) -> DataLoader:
+        if self._resume_state is not None:
+            self.train_sampler.load_state_dict(copy.deepcopy(self._resume_state))
+            self._trained_state, self._resume_state = self._resume_state, None
+        stream = UpdateStream(self.train_sampler, int(self.cfg.train.accumulation))
+        return DataLoader(stream, batch_size=None, collate_fn=_as_is, num_workers=0)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(BatchStream(self.val_sampler), batch_size=None, collate_fn=_as_is, num_workers=0)
+
+    def mark_trained(self, sampler_state: dict) -> None:
+        self._trained_state = sampler_state
+
+    def state_dict(self) -> dict:
+        return {"format": STATE_FORMAT, "cache_key": self.cache_key, "train_sampler": self._trained_state}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("cache_key") not in (None, self.cache_key):
+            raise ValueError(
+                f"the checkpoint was trained on cache {state.get('cache_key')}, this config gives {self.cache_key}: "
+                "resume with the same source, tokenizer, split and budget settings"
+            )
+        self._resume_state = state.get("train_sampler")

@@ -1,0 +1,136 @@
+"""The Lightning module: GPT, AdamW with warmup + cosine, token-weighted updates, metrics.
+
+Optimization is manual: one training item is one whole update, whose loss is normalised by the real
+targets of all its microbatches on all ranks (see update.py). Lightning's own accumulation would
+weight microbatches equally whatever their token counts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import lightning as L
+import torch
+from omegaconf import OmegaConf
+
+from ..model import GPT, GPTConfig
+from .update import run_update
+
+
+def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
+    """Linear warmup to 1, then cosine down to `min_lr_ratio` at `max_steps`."""
+
+    def factor(step: int) -> float:
+        if warmup_steps > 0 and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        span = max(1, max_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / span)
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class PretrainModule(L.LightningModule):
+    def __init__(self, model: dict, train: dict, attn_backend: str, max_seq_len: int, cache_key: str):
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.gpt_config = GPTConfig.from_mapping(model)
+        self.model = GPT(self.gpt_config, attn=attn_backend)
+        self.train_cfg = train
+        self.tokens_seen = 0  # real tokens trained on, all ranks; restored from the checkpoint
+        self._last_step_end: float | None = None
+        self._val_sums: torch.Tensor | None = None
+
+    @classmethod
+    def from_config(cls, cfg, attn_backend: str, cache_key: str) -> PretrainModule:
+        return cls(
+            model=OmegaConf.to_container(cfg.model, resolve=True),
+            train=OmegaConf.to_container(cfg.train, resolve=True),
+            attn_backend=attn_backend,
+            max_seq_len=int(cfg.data.max_seq_len),
+            cache_key=cache_key,
+        )
+
+    # --- optimization -------------------------------------------------------------------------
+    def configure_optimizers(self):
+        cfg = self.train_cfg
+        decay = [p for p in self.model.parameters() if p.ndim >= 2]
+        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
+        optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": float(cfg["weight_decay"])}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=float(cfg["lr"]),
+            betas=tuple(cfg.get("betas", (0.9, 0.95))),
+        )
+        schedule = lr_lambda(int(cfg["warmup_steps"]), int(cfg["max_steps"]), float(cfg["min_lr_ratio"]))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.trainer.strategy.reduce(tensor, reduce_op="sum") if self.trainer.world_size > 1 else tensor
+
+    def training_step(self, update, batch_idx):
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        started = self._last_step_end or time.perf_counter()
+        lr = optimizer.param_groups[0]["lr"]
+        result = run_update(
+            self.model,
+            update.microbatches,
+            backward=self.manual_backward,
+            all_reduce_sum=self._all_reduce_sum,
+            world_size=self.trainer.world_size,
+        )
+        clip = self.train_cfg.get("grad_clip")
+        if clip:
+            self.clip_gradients(optimizer, gradient_clip_val=float(clip), gradient_clip_algorithm="norm")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        self.tokens_seen += result.real_tokens
+        now = time.perf_counter()
+        self._last_step_end = now
+        # The state after this update is what a checkpoint taken now must resume from.
+        if self.trainer.datamodule is not None:
+            self.trainer.datamodule.mark_trained(update.sampler_state)
+        metrics = {
+            "train/loss": result.loss,
+            "train/tokens": float(self.tokens_seen),
+            "train/tokens_per_sec": result.real_tokens / max(now - started, 1e-9),
+            "train/padding_waste": 1.0 - result.real_tokens / result.computed_tokens,
+            "train/pack_utilization": result.real_tokens / max(result.capacity_slots, 1),
+            "train/num_targets": float(result.num_targets),
+            "lr": lr,
+        }
+        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
+        self.log("loss", result.loss, prog_bar=True, logger=False, batch_size=1)
+        self.log("tok/s", metrics["train/tokens_per_sec"], prog_bar=True, logger=False, batch_size=1)
+        return torch.tensor(result.loss)
+
+    def on_train_batch_start(self, batch, batch_idx):
+        if self._last_step_end is None:
+            self._last_step_end = time.perf_counter()
+
+    # --- validation: token-weighted over the fixed validation batches of all ranks ------------
+    def on_validation_epoch_start(self):
+        self._val_sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+
+    def validation_step(self, batch, batch_idx):
+        loss_sum = self.model.loss(batch, denominator=1)
+        self._val_sums += torch.stack([loss_sum.detach().double(), torch.tensor(float(batch.num_targets), dtype=torch.float64, device=self.device)])
+
+    def on_validation_epoch_end(self):
+        sums = self._all_reduce_sum(self._val_sums)
+        if sums[1] > 0:
+            self.log("val/loss", float(sums[0] / sums[1]), prog_bar=True, batch_size=1, rank_zero_only=True)
+
+    def on_validation_end(self):
+        self._last_step_end = None  # validation time is not training throughput
+
+    # --- counters that a resume must continue -----------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["pretrain"] = {"tokens_seen": self.tokens_seen}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.tokens_seen = int(checkpoint.get("pretrain", {}).get("tokens_seen", 0))

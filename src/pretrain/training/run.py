@@ -1,0 +1,98 @@
+"""`python train.py`: check the config, prepare or verify the cache, train with Lightning, report."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import OmegaConf
+
+from ..data.cache import cache_identity, identity_key
+from .checks import check_config
+from .datamodule import PretrainDataModule
+from .loggers import build_loggers
+from .module import PretrainModule
+
+
+def _output_dir(cfg) -> Path:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:  # not under @hydra.main (tests, notebooks)
+        return Path(cfg.get("output_dir") or "outputs/manual").resolve()
+
+
+def build_trainer(cfg, output_dir: Path, callbacks=()) -> L.Trainer:
+    t = cfg.train
+    every = int(t.checkpoint_every_n_steps or 0)
+    checkpoints = ModelCheckpoint(
+        dirpath=output_dir / "checkpoints",
+        filename="step{step:06d}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=every or None,
+        save_top_k=-1,
+        save_last=True,
+    )
+    return L.Trainer(
+        accelerator=cfg.trainer.accelerator,
+        devices=cfg.trainer.devices,
+        num_nodes=cfg.trainer.get("num_nodes", 1),
+        strategy=cfg.trainer.strategy,
+        precision=cfg.trainer.precision,
+        max_steps=int(t.max_steps),
+        max_epochs=-1,
+        # One loader item is one optimizer update, so "batches" here are optimizer steps.
+        val_check_interval=int(t.val_every_n_steps),
+        check_val_every_n_epoch=None,
+        limit_val_batches=int(t.val_batches),
+        num_sanity_val_steps=0,
+        log_every_n_steps=int(t.log_every_n_steps),
+        logger=build_loggers(cfg, output_dir),
+        callbacks=[checkpoints, *callbacks],
+        default_root_dir=str(output_dir),
+        deterministic=bool(t.get("deterministic", False)),
+        use_distributed_sampler=False,  # our samplers split packs over ranks themselves
+        enable_model_summary=False,
+        enable_progress_bar=bool(cfg.get("progress_bar", True)),
+    )
+
+
+def train(cfg, callbacks=()) -> dict:
+    """Run one training job; returns its summary (also written to run.json in the output dir)."""
+    output_dir = _output_dir(cfg)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    cache_key = identity_key(cache_identity(cfg))
+    backend = check_config(cfg, cache_key)
+    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    if cfg.train.get("deterministic"):
+        torch.use_deterministic_algorithms(True)
+    datamodule = PretrainDataModule(cfg)
+    module = PretrainModule.from_config(cfg, attn_backend=backend, cache_key=cache_key)
+    trainer = build_trainer(cfg, output_dir, callbacks)
+    started = time.perf_counter()
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    last = output_dir / "checkpoints" / "last.ckpt"
+    trainer.save_checkpoint(last)
+    summary = {
+        "output_dir": str(output_dir),
+        "checkpoint": str(last),
+        "cache_dir": str(datamodule.cache.directory),
+        "policy": str(cfg.data.policy),
+        "attn": backend,
+        "model": str(cfg.model.name),
+        "max_seq_len": int(cfg.data.max_seq_len),
+        "batch_size": cfg.train.batch_size,
+        "steps": int(trainer.global_step),
+        "tokens": int(module.tokens_seen),
+        "seconds": round(time.perf_counter() - started, 2),
+        "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+    }
+    if trainer.is_global_zero:
+        (output_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
+        OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+    return summary
