@@ -1,0 +1,216 @@
+"""`pretrain inspect-data`: statistics of a cache under the chosen policy, and a table of them.
+
+All numbers come from the split's index and the policy's layout (epoch 0 for shuffled policies,
+one rank); only the leak check reads tokens, block by block.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from rich.table import Table
+
+from .policies import Layout, PolicySettings
+from .samplers import build_sampler
+from .tokens import TokenSplit
+
+LEAK_WINDOW = 64
+_HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
+_BLOCK_TOKENS = 1 << 20
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: spreads token ids over 64 bits before the polynomial hash."""
+    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _document_blocks(split: TokenSplit, window: int, block_tokens: int):
+    """Groups of consecutive documents with at least `window` body tokens (EOS excluded), about
+    `block_tokens` tokens each: (document indices, body lengths)."""
+    body = np.asarray(split.lengths, dtype=np.int64) - 1
+    docs = np.flatnonzero(body >= window)
+    if len(docs) == 0:
+        return
+    ends = np.cumsum(body[docs])
+    cut = np.searchsorted(ends, np.arange(block_tokens, int(ends[-1]) + block_tokens, block_tokens), side="left")
+    first = 0
+    for last in np.unique(np.minimum(cut + 1, len(docs))):
+        if last > first:
+            yield docs[first:last], body[docs[first:last]]
+            first = last
+
+
+def window_hashes(split: TokenSplit, window: int = LEAK_WINDOW, block_tokens: int = _BLOCK_TOKENS):
+    """Yield (hashes, document) per block: a 64-bit polynomial rolling hash of every `window`
+    consecutive tokens that lie inside one document's body, and that document's index."""
+    for docs, body in _document_blocks(split, window, block_tokens):
+        starts = np.repeat(np.cumsum(body) - body, body)
+        pos = np.arange(int(body.sum()), dtype=np.int64) - starts
+        x = _mix64(np.asarray(split.tokens[np.repeat(split.offsets[docs], body) + pos]))
+        n = len(x) - window + 1
+        h = np.zeros(n, dtype=np.uint64)
+        for j in range(window):  # Horner: h = sum_j x[i + j] * B^(window - 1 - j) mod 2^64
+            h *= _HASH_BASE
+            h += x[j : j + n]
+        valid = pos[:n] + window <= np.repeat(body, body)[:n]
+        yield h[valid], np.repeat(docs, body)[:n][valid]
+
+
+def verbatim_leaks(train: TokenSplit, validation: TokenSplit, window: int = LEAK_WINDOW) -> int:
+    """Validation documents that share at least one `window`-token sequence with a train document.
+    Memory: the validation hashes plus one train block at a time."""
+    parts = list(window_hashes(validation, window))
+    if not parts:
+        return 0
+    val_hash = np.concatenate([h for h, _ in parts])
+    val_doc = np.concatenate([d for _, d in parts])
+    unique = np.unique(val_hash)
+    found = np.zeros(len(unique), dtype=bool)
+    for train_hash, _ in window_hashes(train, window):
+        found |= np.isin(unique, train_hash)
+    leaked = np.isin(val_hash, unique[found])
+    return len(np.unique(val_doc[leaked]))
+
+
+def _length_summary(lengths: np.ndarray) -> dict:
+    if len(lengths) == 0:
+        return {"min": 0, "median": 0.0, "p90": 0.0, "max": 0}
+    return {
+        "min": int(lengths.min()),
+        "median": float(np.median(lengths)),
+        "p90": float(np.percentile(lengths, 90)),
+        "max": int(lengths.max()),
+    }
+
+
+def _segments(settings: PolicySettings, layout: Layout, chunk_lengths: np.ndarray) -> np.ndarray:
+    """Lengths of the sequences attention runs over: padded rows, chunks, or concat segments."""
+    if settings.policy == "prepacked" and settings.strategy == "concat":
+        return layout.length if settings.document_mask else layout.unit_tokens
+    if settings.policy == "padded":
+        return layout.length
+    return chunk_lengths
+
+
+def inspect_split(cfg, train: TokenSplit, validation: TokenSplit, packs_dir: Path | None = None) -> dict:
+    """Statistics of the train split under cfg's policy (the DESIGN.md inspect-data keys)."""
+    settings = PolicySettings.from_cfg(cfg)
+    capacity = settings.max_seq_len
+    sampler = build_sampler(settings, train, train=True, packs_dir=packs_dir)
+    plan = sampler._plan(0)
+    layout = plan.layout
+    unit_tokens = layout.unit_tokens
+    real = int(unit_tokens.sum())
+    units = len(layout)
+    segments = _segments(settings, layout, sampler.table.length)
+
+    padding_waste = 0.0
+    if settings.policy == "padded":
+        ordered = unit_tokens[plan.order]
+        if settings.pad_to == "max":
+            computed = units * capacity
+        else:
+            heads = np.arange(0, units, plan.units_per_batch)
+            rows = np.diff(np.append(heads, units))
+            computed = int((np.maximum.reduceat(ordered, heads) * rows).sum())
+        padding_waste = 1.0 - real / computed if computed else 0.0
+
+    cross = 0.0
+    if settings.policy == "prepacked" and settings.strategy == "concat" and not settings.document_mask and real:
+        first_piece = layout.length[layout.ptr[:-1][np.diff(layout.ptr) > 0]]
+        cross = float((unit_tokens[unit_tokens > 0] - first_piece).sum() / real)
+
+    global_batches = plan.global_batches
+    accumulation = settings.accumulation
+    val_sampler = build_sampler(settings, validation, train=False, packs_dir=packs_dir) if len(validation) else None
+    overlap = len(set(train.ids) & set(validation.ids)) if train.ids and validation.ids else 0
+    return {
+        "policy": settings.policy,
+        "max_seq_len": capacity,
+        "documents": len(train),
+        "raw_tokens": train.num_tokens,
+        "prediction_pairs": train.num_pairs,
+        "chunks": len(segments),
+        "chunk_lengths": _length_summary(segments),
+        "packs": units,
+        "pack_utilization": real / (units * capacity) if units else 0.0,
+        "padding_waste": padding_waste,
+        "truncated_pairs": train.num_pairs - real if settings.policy == "padded" else 0,
+        "cross_document_visible_fraction": cross,
+        "tokens_per_step": real / global_batches * accumulation if global_batches else 0.0,
+        "steps_per_epoch": global_batches // accumulation,
+        "train_validation_overlap": overlap,
+        "verbatim_leaks": verbatim_leaks(train, validation),
+        "settings": {
+            "batch_size": settings.batch_size,
+            "accumulation": accumulation,
+            **({"pad_to": settings.pad_to} if settings.policy == "padded" else {}),
+            **({"strategy": settings.strategy} if settings.policy == "prepacked" else {}),
+            **(
+                {"document_mask": settings.document_mask}
+                if settings.policy == "prepacked" and settings.strategy == "concat"
+                else {}
+            ),
+            **({"packing_buffer": settings.packing_buffer} if settings.policy == "bestfit" else {}),
+        },
+        "validation": {
+            "documents": len(validation),
+            "raw_tokens": validation.num_tokens,
+            "prediction_pairs": validation.num_pairs,
+            "batches": len(val_sampler) if val_sampler is not None else 0,
+        },
+    }
+
+
+def stats_warnings(stats: dict) -> list[str]:
+    """Loud problems: validation documents seen in training."""
+    lines = []
+    if stats.get("train_validation_overlap", 0) > 0:
+        lines.append(f"WARNING: {stats['train_validation_overlap']} document ids are in both train and validation")
+    if stats.get("verbatim_leaks", 0) > 0:
+        lines.append(
+            f"WARNING: {stats['verbatim_leaks']} validation documents share a {LEAK_WINDOW}-token window "
+            "with a train document (verbatim leak)"
+        )
+    return lines
+
+
+def _fmt(key: str, value) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        if key in ("pack_utilization", "padding_waste", "cross_document_visible_fraction"):
+            return f"{100 * value:.2f} %"
+        return f"{value:,.1f}" if math.isfinite(value) else str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def render_table(stats: dict) -> Table:
+    """The statistics as a two-column table; overlap or leaks turn their rows and the caption red."""
+    warnings = stats_warnings(stats)
+    table = Table(
+        title=f"inspect-data: policy {stats.get('policy')}, max_seq_len {stats.get('max_seq_len')}",
+        caption="\n".join(warnings) or None,
+        caption_style="bold red",
+        min_width=max((len(line) + 4 for line in warnings), default=None),
+    )
+    table.add_column("statistic")
+    table.add_column("value", justify="right")
+    loud = {"train_validation_overlap", "verbatim_leaks"}
+    for key, value in stats.items():
+        if key in ("policy", "max_seq_len"):
+            continue
+        if isinstance(value, dict):
+            for sub, item in value.items():
+                table.add_row(f"{key}.{sub}", _fmt(sub, item))
+            continue
+        style = "bold red" if key in loud and value else None
+        table.add_row(key, _fmt(key, value), style=style)
+    return table
