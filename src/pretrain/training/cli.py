@@ -19,6 +19,8 @@ def train_main(cfg) -> dict | None:
     except user_errors() as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    if not summary["is_global_zero"]:
+        return summary
     console = Console(stderr=True)
     output = Path(summary["output_dir"])
     if HydraConfig.get().mode.name == "RUN":

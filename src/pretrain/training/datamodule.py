@@ -16,9 +16,9 @@ import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..data.batch import PackedBatch
-from ..data.cache import Cache, identity_key, cache_identity
-from ..data.samplers import build_sampler
+from ..data.cache import Cache, cache_identity, identity_key
 from ..data.prepare import prepare_cache
+from ..data.samplers import build_sampler
 
 STATE_FORMAT = 1
 

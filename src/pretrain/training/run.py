@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -16,6 +18,24 @@ from .checks import check_config
 from .datamodule import PretrainDataModule
 from .loggers import build_loggers
 from .module import PretrainModule
+from .recorder import BatchRecorder
+
+_NOISE = ("litlogger", "`weights_only` was not set", "LeafSpec")
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in _NOISE)
+
+
+def quiet_lightning() -> None:
+    """Drop Lightning's advertising and messages that do not apply to how we use it."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_DropNoise())
+    # Manual optimization: the checkpoint must hold the state *after* the update, which is what it gets.
+    warnings.filterwarnings("ignore", message=".*ModelCheckpoint with manual optimization.*")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*Experiment logs directory .* exists and is not empty.*")
 
 
 def _output_dir(cfg) -> Path:
@@ -64,6 +84,7 @@ def build_trainer(cfg, output_dir: Path, callbacks=()) -> L.Trainer:
 
 def train(cfg, callbacks=()) -> dict:
     """Run one training job; returns its summary (also written to run.json in the output dir)."""
+    quiet_lightning()
     output_dir = _output_dir(cfg)
     output_dir.mkdir(parents=True, exist_ok=True)
     cache_key = identity_key(cache_identity(cfg))
@@ -73,6 +94,8 @@ def train(cfg, callbacks=()) -> dict:
         torch.use_deterministic_algorithms(True)
     datamodule = PretrainDataModule(cfg)
     module = PretrainModule.from_config(cfg, attn_backend=backend, cache_key=cache_key)
+    if cfg.get("record_batches"):
+        callbacks = [*callbacks, BatchRecorder(output_dir)]
     trainer = build_trainer(cfg, output_dir, callbacks)
     started = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
@@ -91,6 +114,7 @@ def train(cfg, callbacks=()) -> dict:
         "tokens": int(module.tokens_seen),
         "seconds": round(time.perf_counter() - started, 2),
         "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        "is_global_zero": trainer.is_global_zero,
     }
     if trainer.is_global_zero:
         (output_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
