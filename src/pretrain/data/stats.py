@@ -109,7 +109,7 @@ def inspect_split(cfg, train: TokenSplit, validation: TokenSplit, packs_dir: Pat
     units = len(layout)
     segments = _segments(settings, layout, sampler.table.length)
 
-    padding_waste = 0.0
+    padding_waste, computed = 0.0, units * capacity
     if settings.policy == "padded":
         ordered = unit_tokens[plan.order]
         if settings.pad_to == "max":
@@ -119,6 +119,7 @@ def inspect_split(cfg, train: TokenSplit, validation: TokenSplit, packs_dir: Pat
             rows = np.diff(np.append(heads, units))
             computed = int((np.maximum.reduceat(ordered, heads) * rows).sum())
         padding_waste = 1.0 - real / computed if computed else 0.0
+    # A padded row holds its padded width (max_seq_len, or its batch's longest row): as in the batches.
 
     cross = 0.0
     if settings.policy == "prepacked" and settings.strategy == "concat" and not settings.document_mask and real:
@@ -138,7 +139,7 @@ def inspect_split(cfg, train: TokenSplit, validation: TokenSplit, packs_dir: Pat
         "chunks": len(segments),
         "chunk_lengths": _length_summary(segments),
         "packs": units,
-        "pack_utilization": real / (units * capacity) if units else 0.0,
+        "pack_utilization": real / computed if computed else 0.0,
         "padding_waste": padding_waste,
         "truncated_pairs": train.num_pairs - real if settings.policy == "padded" else 0,
         "cross_document_visible_fraction": cross,

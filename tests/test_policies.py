@@ -1,0 +1,376 @@
+"""Packing algorithms and the batches of every policy: no chunk twice, none lost, packs in capacity."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+
+from pretrain.data import packing, policies
+from pretrain.data.batch import IGNORE_INDEX, PAD_TOKEN_ID
+from pretrain.data.chunking import chunk_table
+from pretrain.data.packing import (
+    best_fit_buffered,
+    best_fit_decreasing,
+    best_fit_decreasing_naive,
+    concat_windows,
+)
+from pretrain.data.policies import load_or_build_packs, packs_path
+from pretrain.data.samplers import build_sampler
+from pretrain.data.tokens import EOS_TOKEN_ID, TokenSplit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_cfg(policy: str, *overrides: str):
+    """The root config as Hydra would compose it for data=<policy>, plus dotlist overrides."""
+    root = OmegaConf.load(ROOT / "conf" / "train.yaml")
+    for key in ("defaults", "hydra"):
+        root.pop(key, None)
+    root.data = OmegaConf.load(ROOT / "conf" / "data" / f"{policy}.yaml")
+    return OmegaConf.merge(root, OmegaConf.from_dotlist(list(overrides)))
+
+
+# --- reference implementations, written independently of the code under test -------------------
+
+
+def online_best_fit_reference(lengths, capacity, buffer):
+    """Packs (lists of positions in the order) by the textbook rule, with a plain list buffer."""
+    pending = list(range(len(lengths)))
+    buf = pending[:buffer]
+    rest = pending[buffer:]
+    packs = []
+    while buf:
+        space, pack = capacity, []
+        while True:
+            fits = [i for i in buf if lengths[i] <= space]
+            if not fits:
+                break
+            best = max(fits, key=lambda i: (lengths[i], -i))  # longest, then earliest
+            buf.remove(best)
+            pack.append(best)
+            space -= lengths[best]
+            if rest:
+                buf.append(rest.pop(0))
+        packs.append(pack)
+    return packs
+
+
+def as_packs(items, ptr):
+    return [items[ptr[p] : ptr[p + 1]].tolist() for p in range(len(ptr) - 1)]
+
+
+# --- packing algorithms -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("buffer", [4, 5, 64])
+def test_seed_pack_example(buffer):
+    lengths = np.array([6, 4, 3, 2])
+    seq, ptr = best_fit_buffered(lengths, 8, buffer)
+    assert [lengths[p].tolist() for p in as_packs(seq, ptr)] == [[6, 2], [4, 3]]
+
+
+def test_seed_pack_example_batch():
+    # Documents of 7, 5, 4, 3 tokens (EOS included) are chunks of 6, 4, 3, 2 inputs at capacity 8.
+    split = TokenSplit.from_lengths([7, 5, 4, 3], seed=3)
+    cfg = make_cfg("bestfit", "data.max_seq_len=8", "train.packing_buffer=4", "train.eval_microbatch_tokens=16")
+    (batch,) = list(build_sampler(cfg, split, train=False))
+    assert batch.cu_seqlens.tolist() == [0, 6, 8, 12, 15]
+    assert batch.pack_lengths.tolist() == [8, 7]
+    assert batch.position_ids.tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 0, 1, 2, 3, 0, 1, 2]
+    expected = np.concatenate([split.document(d)[:-1] for d in (0, 3, 1, 2)])
+    np.testing.assert_array_equal(batch.input_ids.numpy(), expected)
+    expected_targets = np.concatenate([split.document(d)[1:] for d in (0, 3, 1, 2)])
+    np.testing.assert_array_equal(batch.targets.numpy(), expected_targets)
+    assert batch.num_targets == 15
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    capacity=st.integers(1, 40),
+    data=st.data(),
+)
+def test_bfd_matches_naive(capacity, data):
+    lengths = data.draw(st.lists(st.integers(1, capacity), max_size=80))
+    fast = best_fit_decreasing(np.array(lengths, dtype=np.int64), capacity)
+    slow = best_fit_decreasing_naive(np.array(lengths, dtype=np.int64), capacity)
+    assert as_packs(*fast) == as_packs(*slow)
+
+
+def test_bfd_random_large_is_valid_and_tight():
+    rng = np.random.default_rng(0)
+    for capacity in (2, 7, 513, 4096):
+        lengths = rng.integers(1, capacity + 1, size=3000)
+        items, ptr = best_fit_decreasing(lengths, capacity)
+        assert sorted(items.tolist()) == list(range(len(lengths)))
+        fill = np.array([lengths[p].sum() for p in as_packs(items, ptr)])
+        assert fill.max() <= capacity and fill.min() >= 1
+        lower = -(-lengths.sum() // capacity)
+        # First-fit/best-fit-decreasing use at most 11/9 OPT + 6/9 packs (Dosa 2007).
+        assert lower <= len(fill) <= 11 / 9 * lower + 1
+        # No two packs could be merged: BFD leaves at most one pack at most half full.
+        assert (fill <= capacity / 2).sum() <= 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(1, 30), buffer=st.integers(1, 12), data=st.data())
+def test_online_best_fit_matches_reference(capacity, buffer, data):
+    lengths = data.draw(st.lists(st.integers(1, capacity), max_size=60))
+    seq, ptr = best_fit_buffered(np.array(lengths, dtype=np.int64), capacity, buffer)
+    assert as_packs(seq, ptr) == online_best_fit_reference(lengths, capacity, buffer)
+
+
+def test_online_best_fit_buffer_one_is_next_fit():
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 33, size=500)
+    seq, ptr = best_fit_buffered(lengths, 33, 1)
+    assert seq.tolist() == list(range(500))  # order kept
+    packs = as_packs(seq, ptr)
+    for pack, following in zip(packs, packs[1:], strict=False):
+        assert lengths[pack].sum() + lengths[following[0]] > 33  # closed only when the next one does not fit
+
+
+def test_packing_rejects_bad_lengths():
+    with pytest.raises(ValueError, match="1..8"):
+        best_fit_buffered(np.array([9]), 8, 4)
+    with pytest.raises(ValueError, match="1..8"):
+        best_fit_decreasing(np.array([0, 3]), 8)
+    with pytest.raises(ValueError, match="packing_buffer"):
+        best_fit_buffered(np.array([3]), 8, 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(lengths=st.lists(st.integers(2, 40), min_size=1, max_size=20), capacity=st.integers(2, 33))
+def test_concat_windows_tile_the_stream(lengths, capacity):
+    split = TokenSplit.from_lengths(lengths, seed=len(lengths))
+    w = concat_windows(split.offsets, split.lengths, capacity)
+    stream = np.asarray(split.tokens)
+    inputs = len(stream) - 1
+    assert len(w) == -(-inputs // capacity)
+    window_sizes = np.diff(np.append(np.arange(0, inputs, capacity), inputs))
+    pieces = [(int(s), int(n)) for s, n in zip(w.start, w.length, strict=True)]
+    got = np.concatenate([stream[s : s + n] for s, n in pieces])
+    np.testing.assert_array_equal(got, stream[:-1])  # every input once, in stream order
+    for p in range(len(w)):
+        assert w.length[w.ptr[p] : w.ptr[p + 1]].sum() == window_sizes[p]
+    doc_end = split.offsets + split.lengths
+    for s, n, d, ends in zip(w.start, w.length, w.doc, w.ends_document, strict=True):
+        assert split.offsets[d] <= s and s + n <= doc_end[d]  # inside one document
+        assert ends == (s + n == doc_end[d])
+        if ends:
+            assert stream[s + n - 1] == EOS_TOKEN_ID
+
+
+# --- every policy's batches ---------------------------------------------------------------------
+
+POLICY_CASES = {
+    "padded-max": ("padded", "data.pad_to=max"),
+    "padded-longest": ("padded", "data.pad_to=longest"),
+    "concat-masked": ("prepacked", "data.strategy=concat", "data.document_mask=true"),
+    "concat-open": ("prepacked", "data.strategy=concat", "data.document_mask=false"),
+    "bfd": ("prepacked", "data.strategy=bfd"),
+    "bestfit": ("bestfit", "train.packing_buffer=8"),
+}
+
+
+def random_split(seed: int, documents: int = 60, high: int = 90) -> TokenSplit:
+    rng = np.random.default_rng(seed)
+    return TokenSplit.from_lengths(rng.integers(2, high, size=documents), seed=seed)
+
+
+def piece_bounds(split: TokenSplit, capacity: int) -> np.ndarray:
+    """Stream positions where concat pieces start: window starts and document starts."""
+    inputs = split.num_tokens - 1
+    bounds = set(range(0, inputs, capacity)) | set(np.cumsum(split.lengths)[:-1].tolist())
+    return np.array(sorted(b for b in bounds if b < inputs) + [inputs])
+
+
+def universe(case: str, split: TokenSplit, capacity: int) -> np.ndarray:
+    """Every item a policy must serve once per epoch, computed without the code under test."""
+    pairs = split.lengths - 1
+    chunks_per_doc = -(-pairs // capacity)
+    if case.startswith("padded"):  # each document's first chunk
+        return np.concatenate([[0], np.cumsum(chunks_per_doc)[:-1]])
+    if case.startswith("concat"):  # pieces of windows x documents
+        return np.arange(len(piece_bounds(split, capacity)) - 1)
+    return np.arange(int(chunks_per_doc.sum()))
+
+
+def expected_runs(batch, split: TokenSplit, capacity: int, case: str) -> list[tuple[int, int]]:
+    """(stream start, inputs) of each segment, from the batch's item ids."""
+    if case == "concat-open":  # one segment per window
+        inputs = split.num_tokens - 1
+        return [(w * capacity, min(capacity, inputs - w * capacity)) for w in np.asarray(batch.meta["packs"])]
+    if case == "concat-masked":
+        bounds = piece_bounds(split, capacity)
+        return [(int(bounds[i]), int(bounds[i + 1] - bounds[i])) for i in np.asarray(batch.meta["chunks"])]
+    table = chunk_table(split.offsets, split.lengths, capacity)  # from_lengths: file offset = stream position
+    return [(int(table.start[i]), int(table.length[i])) for i in np.asarray(batch.meta["chunks"])]
+
+
+def check_batch(batch, split: TokenSplit, capacity: int, case: str) -> None:
+    """Structure and content of one batch against the split's tokens."""
+    stream = np.asarray(split.tokens, dtype=np.int64)
+    T = batch.num_tokens
+    cu = batch.cu_seqlens.numpy().astype(np.int64)
+    seg = np.diff(cu)
+    assert batch.cu_seqlens.dtype == torch.int32
+    assert cu[0] == 0 and cu[-1] == T and (seg >= 1).all()
+    assert batch.max_seqlen == seg.max()
+    positions = batch.position_ids.numpy()
+    np.testing.assert_array_equal(positions, np.concatenate([np.arange(n) for n in seg]))
+    inputs, targets = batch.input_ids.numpy(), batch.targets.numpy()
+    assert batch.num_targets == int((targets != IGNORE_INDEX).sum())
+    packs = batch.pack_lengths.numpy()
+    assert (packs >= 1).all() and (packs <= capacity).all()
+    if case != "padded-longest":
+        assert batch.capacity == capacity
+    runs = expected_runs(batch, split, capacity, case)
+    if case.startswith("padded"):
+        width = capacity if case == "padded-max" else packs.max()
+        assert batch.capacity == width  # a padded row holds its width
+        assert batch.padded and T == len(packs) * width and (seg == width).all()
+        assert packs.tolist() == [n for _, n in runs]
+        for row, (s, n) in enumerate(runs):
+            row_in, row_tg = inputs[row * width : (row + 1) * width], targets[row * width : (row + 1) * width]
+            np.testing.assert_array_equal(row_in[:n], stream[s : s + n])
+            np.testing.assert_array_equal(row_tg[:n], stream[s + 1 : s + n + 1])
+            assert (row_in[n:] == PAD_TOKEN_ID).all() and (row_tg[n:] == IGNORE_INDEX).all()
+        return
+    assert not batch.padded and packs.sum() == T
+    assert set(np.cumsum(packs).tolist()) <= set(cu.tolist())  # packs end at segment boundaries
+    assert seg.tolist() == [n for _, n in runs]
+    for (s, n), begin in zip(runs, cu[:-1], strict=True):
+        np.testing.assert_array_equal(inputs[begin : begin + n], stream[s : s + n])
+        expected = stream[s + 1 : s + n + 1].copy()
+        if case != "concat-open":
+            assert not (stream[s : s + n - 1] == EOS_TOKEN_ID).any()  # no document boundary inside
+        if case == "concat-masked":  # the pair EOS -> next document is not a real pair
+            expected[stream[s : s + n] == EOS_TOKEN_ID] = IGNORE_INDEX
+        np.testing.assert_array_equal(targets[begin : begin + n], expected)
+
+
+@pytest.mark.parametrize("case", list(POLICY_CASES))
+@pytest.mark.parametrize("capacity", [2, 7, 33])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_every_item_once_per_epoch(case, capacity, world_size, tmp_path):
+    policy, *overrides = POLICY_CASES[case]
+    split = random_split(capacity + world_size)
+    cfg = make_cfg(policy, f"data.max_seq_len={capacity}", "train.batch_size=3", *overrides)
+    samplers = [
+        build_sampler(cfg, split, train=True, rank=r, world_size=world_size, packs_dir=tmp_path) for r in range(world_size)
+    ]
+    counts = {len(s) for s in samplers}
+    assert len(counts) == 1  # every rank the same number of batches
+    served = []
+    for sampler in samplers:
+        batches = list(sampler)
+        assert len(batches) == len(sampler) > 0
+        for batch in batches:
+            check_batch(batch, split, capacity, case)
+            served.extend(np.asarray(batch.meta["chunks"]).tolist())
+    accounting = samplers[0].epoch_accounting(0)
+    dropped = accounting["dropped_items"].tolist()
+    assert accounting["global_batches"] - accounting["batches_per_rank"] * world_size < world_size
+    assert len(served) == len(set(served))  # nothing twice
+    assert not set(served) & set(dropped)
+    assert sorted(served + dropped) == universe(case, split, capacity).tolist()  # nothing lost
+
+
+@pytest.mark.parametrize("case", list(POLICY_CASES))
+def test_tokens_are_conserved(case, tmp_path):
+    """Real tokens of an epoch: every pair for packed policies, the first chunks for padded."""
+    capacity = 9
+    policy, *overrides = POLICY_CASES[case]
+    split = random_split(5, documents=40)
+    cfg = make_cfg(policy, f"data.max_seq_len={capacity}", "train.batch_size=1", *overrides)
+    sampler = build_sampler(cfg, split, train=True, packs_dir=tmp_path)
+    batches = list(sampler)
+    real = sum(b.real_tokens for b in batches)
+    targets = sum(b.num_targets for b in batches)
+    pairs = split.lengths - 1
+    if policy == "padded":
+        assert real == targets == np.minimum(pairs, capacity).sum()
+    elif case.startswith("concat"):
+        assert real == split.num_tokens - 1  # the stream's pairs
+        assert targets == (split.num_pairs if case == "concat-masked" else split.num_tokens - 1)
+    else:
+        assert real == targets == split.num_pairs
+
+
+def test_padded_rows_are_first_chunks(tmp_path):
+    split = random_split(2, documents=30, high=40)
+    cfg = make_cfg("padded", "data.max_seq_len=16", "train.batch_size=4")
+    for batch in build_sampler(cfg, split, train=True):
+        inputs = batch.input_ids.view(-1, 16).numpy()
+        for row, n in zip(inputs, batch.pack_lengths.tolist(), strict=True):
+            doc = next(d for d in range(len(split)) if np.array_equal(split.document(d)[:n], row[:n]))
+            assert n == min(split.lengths[doc] - 1, 16)
+
+
+# --- prepacked storage ----------------------------------------------------------------------------
+
+
+def test_prepacked_written_once_and_reused(tmp_path, monkeypatch):
+    split = random_split(7)
+    table = chunk_table(split.offsets, split.lengths, 16)
+    first = load_or_build_packs(split, table, "bfd", tmp_path)
+    path = packs_path(tmp_path, "train", "bfd", 16)
+    assert path.is_file()
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
+    stamp = path.stat().st_mtime_ns
+
+    def fail(*args, **kwargs):
+        raise AssertionError("packs were rebuilt instead of reused")
+
+    monkeypatch.setattr(policies, "best_fit_decreasing", fail)
+    monkeypatch.setattr(policies, "concat_windows", fail)
+    again = load_or_build_packs(split, table, "bfd", tmp_path)
+    assert path.stat().st_mtime_ns == stamp
+    np.testing.assert_array_equal(first.item_id, again.item_id)
+    np.testing.assert_array_equal(first.ptr, again.ptr)
+
+
+def test_prepacked_keys_and_stale_files(tmp_path):
+    split = random_split(8)
+    for strategy in ("bfd", "concat"):
+        for capacity in (8, 16):
+            load_or_build_packs(split, chunk_table(split.offsets, split.lengths, capacity), strategy, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "train-bfd-L16.npz",
+        "train-bfd-L8.npz",
+        "train-concat-L16.npz",
+        "train-concat-L8.npz",
+    ]
+    # Another split under the same name: the stored packs do not match it and are rebuilt.
+    other = random_split(9)
+    table = chunk_table(other.offsets, other.lengths, 8)
+    layout = load_or_build_packs(other, table, "bfd", tmp_path)
+    assert sorted(layout.item_id.tolist()) == list(range(len(table)))
+    # A torn or foreign file is rebuilt too.
+    path = packs_path(tmp_path, "train", "bfd", 8)
+    path.write_bytes(b"not a zip")
+    layout = load_or_build_packs(other, table, "bfd", tmp_path)
+    assert sorted(layout.item_id.tolist()) == list(range(len(table)))
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_prepacked_sampler_uses_packs_dir(tmp_path):
+    split = random_split(10)
+    cfg = make_cfg("prepacked", "data.max_seq_len=16", "data.strategy=bfd", "train.batch_size=2")
+    build_sampler(cfg, split, train=True, packs_dir=tmp_path / "packs")
+    assert (tmp_path / "packs" / "train-bfd-L16.npz").is_file()
+
+
+def test_bfd_layout_in_module_matches_algorithm():
+    split = random_split(11)
+    table = chunk_table(split.offsets, split.lengths, 16)
+    layout = load_or_build_packs(split, table, "bfd", None)
+    items, ptr = packing.best_fit_decreasing_naive(table.length, 16)
+    assert as_packs(layout.item_id, layout.ptr) == as_packs(items, ptr)
