@@ -1,0 +1,330 @@
+"""Sampler interface: exact resume (chains of save/load), ranks, validation, sizing and errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from pretrain.data.samplers import build_sampler
+from pretrain.data.tokens import TokenSplit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASES = {
+    "padded-max": ("padded", "data.pad_to=max"),
+    "padded-longest": ("padded", "data.pad_to=longest"),
+    "concat-masked": ("prepacked", "data.strategy=concat", "data.document_mask=true"),
+    "concat-open": ("prepacked", "data.strategy=concat", "data.document_mask=false"),
+    "bfd": ("prepacked", "data.strategy=bfd"),
+    "bestfit": ("bestfit", "train.packing_buffer=6"),
+}
+
+
+def make_cfg(policy: str, *overrides: str):
+    """The root config as Hydra would compose it for data=<policy>, plus dotlist overrides."""
+    root = OmegaConf.load(ROOT / "conf" / "train.yaml")
+    for key in ("defaults", "hydra"):
+        root.pop(key, None)
+    root.data = OmegaConf.load(ROOT / "conf" / "data" / f"{policy}.yaml")
+    return OmegaConf.merge(root, OmegaConf.from_dotlist(list(overrides)))
+
+
+def case_cfg(case: str, *extra: str):
+    policy, *overrides = CASES[case]
+    base = ("data.max_seq_len=16", "train.batch_size=2", "train.eval_microbatch_tokens=40", "train.val_batches=5")
+    return make_cfg(policy, *base, *overrides, *extra)
+
+
+def random_split(seed: int, documents: int = 50, high: int = 60, name: str = "train") -> TokenSplit:
+    rng = np.random.default_rng(seed)
+    return TokenSplit.from_lengths(rng.integers(2, high, size=documents), seed=seed, name=name)
+
+
+def signature(batch) -> tuple:
+    return (
+        batch.meta["epoch"],
+        batch.meta["index"],
+        tuple(np.asarray(batch.meta["chunks"]).tolist()),
+        batch.input_ids.numpy().tobytes(),
+        batch.targets.numpy().tobytes(),
+        batch.position_ids.numpy().tobytes(),
+        batch.cu_seqlens.numpy().tobytes(),
+        batch.pack_lengths.numpy().tobytes(),
+        batch.num_targets,
+    )
+
+
+def roundtrip(state: dict, how: str) -> dict:
+    if how == "json":
+        return json.loads(json.dumps(state))
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def take(sampler, count: int, out: list) -> None:
+    """`count` batches, crossing epoch ends (a new iterator per epoch, as a training loop does)."""
+    while count > 0:
+        got = 0
+        for batch in sampler:
+            out.append(signature(batch))
+            got += 1
+            count -= 1
+            if count == 0:
+                return  # abandon the iterator mid-epoch
+        assert got > 0, "an epoch yielded nothing"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("train", [True, False], ids=["train", "validation"])
+@pytest.mark.parametrize("world", [(1, 0), (2, 1)], ids=["single", "rank1of2"])
+def test_resume_chains_match_uninterrupted(case, train, world, tmp_path):
+    world_size, rank = world
+    split = random_split(4)
+    cfg = case_cfg(case)
+
+    def make():
+        return build_sampler(cfg, split, train=train, rank=rank, world_size=world_size, packs_dir=tmp_path)
+
+    reference_sampler = make()
+    reference: list = []
+    per_epoch = []
+    for _ in range(3):
+        per_epoch.append(len(reference_sampler))
+        before = len(reference)
+        reference.extend(signature(b) for b in reference_sampler)
+        assert len(reference) - before == per_epoch[-1]
+    total = len(reference)
+    rng = random.Random(f"{case}-{train}-{world}")
+    for trial in range(4):
+        out: list = []
+        state = None
+        while len(out) < total:
+            sampler = make()
+            if state is not None:
+                sampler.load_state_dict(roundtrip(state, rng.choice(["json", "torch"])))
+                if rng.random() < 0.3:  # save -> load -> save with nothing in between
+                    again = make()
+                    again.load_state_dict(roundtrip(sampler.state_dict(), "json"))
+                    sampler = again
+            take(sampler, min(rng.choice([0, 1, 2, 3, 5, per_epoch[0] + 1]), total - len(out)), out)
+            state = sampler.state_dict()
+        assert out == reference, f"trial {trial}: the resumed sequence differs"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_state_is_small_and_moves_to_next_epoch(case, tmp_path):
+    split = random_split(5)
+    sampler = build_sampler(case_cfg(case), split, train=True, packs_dir=tmp_path)
+    assert sampler.state_dict()["epoch"] == 0 and sampler.state_dict()["cursor"] == 0
+    iterator = iter(sampler)
+    next(iterator)
+    state = sampler.state_dict()
+    assert (state["epoch"], state["cursor"]) == (0, 1)
+    assert len(json.dumps(state)) < 1000
+    json.dumps(state)  # plain JSON types only
+    count = len(sampler)
+    rest = list(iterator)
+    assert len(rest) == count - 1
+    state = sampler.state_dict()
+    assert (state["epoch"], state["cursor"]) == (1, 0)  # the epoch end moves to the next epoch
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_load_state_stops_a_live_iterator(case, tmp_path):
+    split = random_split(6)
+    cfg = case_cfg(case)
+    sampler = build_sampler(cfg, split, train=True, packs_dir=tmp_path)
+    iterator = iter(sampler)
+    next(iterator)
+    saved = sampler.state_dict()
+    expected = [signature(b) for b in build_sampler(cfg, split, train=True, packs_dir=tmp_path)][1:]
+    next(iterator)
+    sampler.load_state_dict(saved)
+    assert list(iterator) == []  # the old iterator does not keep going from a stale position
+    assert [signature(b) for b in sampler] == expected
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_are_disjoint_with_equal_counts(case, world_size, tmp_path):
+    split = random_split(7, documents=70)
+    cfg = case_cfg(case)
+    samplers = [
+        build_sampler(cfg, split, train=True, rank=r, world_size=world_size, packs_dir=tmp_path) for r in range(world_size)
+    ]
+    orders = []
+    for epoch in range(3):
+        count = len(samplers[0])
+        assert count > 0 and all(len(s) == count for s in samplers)
+        seen: list[int] = []
+        for sampler in samplers:
+            batches = list(sampler)
+            assert len(batches) == count
+            assert all(b.meta["epoch"] == epoch and b.meta["rank"] == sampler.rank for b in batches)
+            seen.extend(c for b in batches for c in np.asarray(b.meta["chunks"]).tolist())
+        assert len(seen) == len(set(seen))
+        orders.append(seen)
+    assert orders[0] != orders[1]  # a new shuffle every epoch
+
+
+def test_rank_zero_state_resumes_every_rank(tmp_path):
+    """Lightning saves rank 0's state; every rank loads it and continues with its own batches."""
+    split = random_split(8, documents=80)
+    cfg = case_cfg("bestfit")
+    ranks = [build_sampler(cfg, split, train=True, rank=r, world_size=2) for r in range(2)]
+    expected = {r: [signature(b) for b in build_sampler(cfg, split, train=True, rank=r, world_size=2)] for r in range(2)}
+    take(ranks[0], 3, [])
+    state = ranks[0].state_dict()
+    for r in range(2):
+        resumed = build_sampler(cfg, split, train=True, rank=r, world_size=2)
+        resumed.load_state_dict(roundtrip(state, "json"))
+        assert [signature(b) for b in resumed] == expected[r][3:]
+
+
+def test_world_size_change_never_repeats(tmp_path):
+    split = random_split(9, documents=90)
+    cfg = case_cfg("bfd")
+    single = build_sampler(cfg, split, train=True, packs_dir=tmp_path)
+    consumed: list = []
+    for batch in single:
+        consumed.extend(np.asarray(batch.meta["chunks"]).tolist())
+        if batch.meta["index"] == 4:
+            break
+    state = single.state_dict()
+    rest: list = []
+    for r in range(2):
+        sampler = build_sampler(cfg, split, train=True, rank=r, world_size=2, packs_dir=tmp_path)
+        sampler.load_state_dict(state)
+        rest.extend(c for b in sampler for c in np.asarray(b.meta["chunks"]).tolist())
+    assert not set(consumed) & set(rest)
+
+
+def test_deterministic_and_seeded(tmp_path):
+    split = random_split(10)
+    first = [signature(b) for b in build_sampler(case_cfg("bestfit"), split, train=True)]
+    again = [signature(b) for b in build_sampler(case_cfg("bestfit"), split, train=True)]
+    other = [signature(b) for b in build_sampler(case_cfg("bestfit", "seed=99"), split, train=True)]
+    assert first == again
+    assert first != other
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_validation_is_fixed_sized_and_repeatable(case, tmp_path):
+    split = random_split(11, documents=60, name="validation")
+    cfg = case_cfg(case)
+    sampler = build_sampler(cfg, split, train=False, packs_dir=tmp_path)
+    passes = [[signature(b)[1:] for b in sampler] for _ in range(3)]  # [0] is the pass number
+    assert passes[0] == passes[1] == passes[2]
+    assert len(passes[0]) == len(sampler) == 5  # train.val_batches
+    reseeded = build_sampler(case_cfg(case, "seed=7"), split, train=False, packs_dir=tmp_path)
+    assert [signature(b)[1:] for b in reseeded] == passes[0]  # no shuffle
+    per_batch = max(1, 40 // 16)  # train.eval_microbatch_tokens // max_seq_len
+    for batch in build_sampler(cfg, split, train=False, packs_dir=tmp_path):
+        assert len(batch.pack_lengths) == per_batch
+        assert np.asarray(batch.meta["packs"]).tolist() == list(
+            range(batch.meta["index"] * per_batch, (batch.meta["index"] + 1) * per_batch)
+        )  # units in their fixed order
+
+
+def test_validation_smaller_than_val_batches(tmp_path):
+    split = random_split(12, documents=5, high=8, name="validation")
+    cfg = case_cfg("padded-max", "train.val_batches=100")
+    sampler = build_sampler(cfg, split, train=False)
+    assert len(sampler) == 3  # 5 rows, 2 per batch: ceil(5 / 2)
+    assert sum(len(b.pack_lengths) for b in sampler) == 5
+    unlimited = build_sampler(case_cfg("padded-max", "train.val_batches=null"), split, train=False)
+    assert len(unlimited) == 3
+
+
+def test_microbatch_tokens_sizing():
+    split = random_split(13)
+    cfg = make_cfg("bestfit", "data.max_seq_len=16", "train.batch_size=null", "train.microbatch_tokens=100")
+    batches = list(build_sampler(cfg, split, train=True))
+    assert all(len(b.pack_lengths) == 100 // 16 for b in batches[:-1])
+    tiny = make_cfg("bestfit", "data.max_seq_len=16", "train.batch_size=null", "train.microbatch_tokens=5")
+    assert all(len(b.pack_lengths) == 1 for b in build_sampler(tiny, split, train=True))
+
+
+def test_batch_size_errors():
+    split = random_split(14)
+    both = make_cfg("bestfit", "train.batch_size=4", "train.microbatch_tokens=4096")
+    with pytest.raises(ValueError) as info:
+        build_sampler(both, split, train=True)
+    assert str(info.value) == (
+        "set only one of train.batch_size and train.microbatch_tokens (e.g. train.batch_size=null)"
+    )
+    neither = make_cfg("bestfit", "train.batch_size=null", "train.microbatch_tokens=null")
+    with pytest.raises(ValueError, match="train.batch_size"):
+        build_sampler(neither, split, train=True)
+    with pytest.raises(ValueError, match="train.batch_size must be a positive integer"):
+        build_sampler(make_cfg("bestfit", "train.batch_size=0"), split, train=True)
+
+
+def test_config_errors():
+    split = random_split(15)
+    with pytest.raises(ValueError, match="padded, prepacked, bestfit"):
+        build_sampler(make_cfg("bestfit", "data.policy=greedy"), split, train=True)
+    for bad in (1, 4097):
+        with pytest.raises(ValueError, match=r"data\.max_seq_len must be an integer in 2\.\.4096"):
+            build_sampler(make_cfg("bestfit", f"data.max_seq_len={bad}"), split, train=True)
+    with pytest.raises(ValueError, match="max, longest"):
+        build_sampler(make_cfg("padded", "data.pad_to=min"), split, train=True)
+    with pytest.raises(ValueError, match="concat, bfd"):
+        build_sampler(make_cfg("prepacked", "data.strategy=ffd"), split, train=True)
+    with pytest.raises(ValueError, match="packing_buffer"):
+        build_sampler(make_cfg("bestfit", "train.packing_buffer=0"), split, train=True)
+    with pytest.raises(ValueError, match="rank"):
+        build_sampler(make_cfg("bestfit"), split, train=True, rank=2, world_size=2)
+
+
+def test_too_small_train_split_is_a_clear_error():
+    split = random_split(16, documents=3, high=6)
+    cfg = make_cfg("padded", "train.batch_size=2")
+    with pytest.raises(ValueError, match="fewer than world_size=4"):
+        build_sampler(cfg, split, train=True, rank=0, world_size=4)
+
+
+def test_mismatched_state_is_refused(tmp_path):
+    split = random_split(17)
+    sampler = build_sampler(case_cfg("bestfit"), split, train=True)
+    take(sampler, 2, [])
+    state = sampler.state_dict()
+    other = build_sampler(case_cfg("bestfit", "train.batch_size=3"), split, train=True)
+    with pytest.raises(ValueError, match="units_per_batch: 2 -> 3"):
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="policy"):
+        build_sampler(case_cfg("bfd"), split, train=True, packs_dir=tmp_path).load_state_dict(state)
+    with pytest.raises(ValueError, match="split_fingerprint"):
+        build_sampler(case_cfg("bestfit"), random_split(18), train=True).load_state_dict(state)
+
+
+@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit"])
+def test_data_configs(policy):
+    data = OmegaConf.load(ROOT / "conf" / "data" / f"{policy}.yaml")
+    assert data.policy == policy
+    assert data.max_seq_len == 512
+    if policy == "padded":
+        assert data.pad_to == "max"
+    if policy == "prepacked":
+        assert data.strategy == "concat" and data.document_mask is True
+
+
+@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit"])
+def test_composed_config_builds_samplers(policy, tmp_path):
+    from pretrain.config import load_config
+
+    cfg = load_config([f"data={policy}", "data.max_seq_len=32"])
+    split = random_split(19, documents=120, high=200)
+    train = build_sampler(cfg, split, train=True, packs_dir=tmp_path)
+    validation = build_sampler(cfg, split, train=False, packs_dir=tmp_path)
+    assert len(train) > 0 and len(validation) > 0
+    assert next(iter(train)).num_tokens > 0
