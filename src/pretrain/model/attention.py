@@ -152,26 +152,69 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Sdpa
     zero = q.new_zeros(1, heads, dim)
     sizes = [n * w for n, w in plan.buckets]
     parts = [torch.cat([x, zero.to(x.dtype)]).index_select(0, plan.gather).split(sizes) for x in (q, k, v)]
-    outs = [
-        _causal_sdpa(qb, kb, vb, n, w) for (n, w), qb, kb, vb in zip(plan.buckets, *parts, strict=True)
-    ]
+    outs = [_causal_sdpa(qb, kb, vb, n, w) for (n, w), qb, kb, vb in zip(plan.buckets, *parts, strict=True)]
     return torch.cat(outs).index_select(0, plan.scatter)
 
 
 # ---------------------------------------------------------------------------------------------- flex
 
 
-def document_block_mask(lengths: torch.Tensor, num_tokens: int, device: torch.device, compile: bool):
-    """Document-causal BlockMask over the flat batch: token i sees token j iff same segment and j <= i."""
-    from torch.nn.attention.flex_attention import create_block_mask
+FLEX_BLOCK = 128
 
-    lengths = lengths.to(device=device, dtype=torch.int64)
-    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths, output_size=num_tokens)
+
+def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense (nq, nkv) bool block table -> (counts, indices) with each row's blocks first, ascending."""
+    counts = blocks.sum(-1, dtype=torch.int32)
+    indices = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return counts[None, None], indices[None, None]
+
+
+def document_block_mask(lengths: np.ndarray, device: torch.device | str, block: int = FLEX_BLOCK):
+    """Document-causal BlockMask over the flat batch: token i sees token j iff same segment and j <= i.
+
+    Built straight from the segment boundaries, O((T/block)^2) on `device`: create_block_mask would
+    evaluate the mask on the full T x T grid (20 G entries at 35 x 4096 tokens) or need a compile per
+    shape. Block classes follow create_block_mask: a block is full when every pair in it is allowed.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    num_tokens = int(lengths.sum())
+    lengths = torch.as_tensor(lengths, device=device)
+    blocks = max(1, -(-num_tokens // block))
+    # Rows past T (the last tile's padding) get document -1: no real token ever matches them.
+    doc = torch.full((blocks * block,), -1, dtype=torch.int64, device=device)
+    doc[:num_tokens] = torch.repeat_interleave(
+        torch.arange(len(lengths), device=device), lengths, output_size=num_tokens
+    )
+    seg_start = torch.cumsum(lengths, 0) - lengths
+    tile = torch.arange(blocks, device=device)
+    first_row = tile * block
+    last_row = torch.clamp((tile + 1) * block - 1, max=max(num_tokens - 1, 0))
+    if num_tokens:
+        lowest = seg_start[doc[first_row]] // block  # first kv tile the tile's first row can see
+        # kv tiles at/after the last row's document start are fully visible (strictly below the diagonal),
+        # provided the q tile has no padding rows.
+        full_from = -(-seg_start[doc[last_row]] // block)
+        full_from = torch.where((tile + 1) * block <= num_tokens, full_from, tile)
+    else:
+        lowest = full_from = tile
+    full_from = torch.minimum(full_from, tile)
+    kv = tile[None, :]
+    q = tile[:, None]
+    full = (kv >= full_from[:, None]) & (kv < q)
+    partial = ((kv >= lowest[:, None]) & (kv < full_from[:, None])) | (kv == q)
 
     def document_causal(b, h, q_idx, kv_idx):
         return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
 
-    return create_block_mask(document_causal, None, None, num_tokens, num_tokens, device=device, _compile=compile)
+    return BlockMask.from_kv_blocks(
+        *_ordered(partial),
+        *_ordered(full),
+        BLOCK_SIZE=block,
+        mask_mod=document_causal,
+        seq_lengths=(num_tokens, num_tokens),
+    )
 
 
 @cache
@@ -181,7 +224,9 @@ def _compiled_flex():
     return torch.compile(flex_attention)
 
 
-def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, compiled: bool) -> torch.Tensor:
+def flex_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask, compiled: bool
+) -> torch.Tensor:
     """FlexAttention with the batch's document-causal BlockMask; (T,H,D) -> (T,H,D)."""
     from torch.nn.attention.flex_attention import flex_attention as eager_flex
 
@@ -242,12 +287,11 @@ def prepare_attention(
     device = torch.device(device)
     cu = cu_seqlens.to(device=device, dtype=torch.int32, non_blocking=True)
     max_seqlen = int(lengths.max()) if len(lengths) else 0
-    num_tokens = int(lengths.sum())
     if backend == "sdpa":
         return AttentionBatch(backend, cu, max_seqlen, sdpa_plan=plan_sdpa(lengths, device))
     if backend == "flex":
         compiled = device.type == "cuda" if flex_compile == "auto" else bool(flex_compile)
-        mask = document_block_mask(torch.from_numpy(lengths), num_tokens, device, compile=compiled)
+        mask = document_block_mask(lengths, device)
         return AttentionBatch(backend, cu, max_seqlen, block_mask=mask, compiled=compiled)
     if backend == "varlen":
         return AttentionBatch(backend, cu, max_seqlen)

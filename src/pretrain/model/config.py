@@ -31,7 +31,9 @@ class GPTConfig:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
         if self.d_model % self.n_head:
-            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head})")
+            raise ValueError(
+                f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head})"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
 

@@ -138,7 +138,7 @@ class GPT(nn.Module):
         return F.linear(self.hidden_states(batch), self.wte.weight)
 
     def token_losses(self, batch: PackedBatch) -> torch.Tensor:
-        """(T,) fp32 next-token cross-entropy; 0 where the target is IGNORE_INDEX."""
+        """(T,) next-token cross-entropy; 0 where the target is IGNORE_INDEX."""
         targets = batch.targets.to(self.wte.weight.device, non_blocking=True)
         return token_cross_entropy(self.hidden_states(batch), self.wte.weight, targets)
 
@@ -146,11 +146,12 @@ class GPT(nn.Module):
         """Sum of token cross-entropy over counted targets divided by the caller's `denominator`
         (e.g. the real targets of a whole accumulated step), never a per-batch mean."""
         if not isinstance(denominator, torch.Tensor) and not denominator > 0:
-            raise ValueError(f"loss denominator must be > 0 (e.g. the step's real targets), got {denominator!r}")
+            raise ValueError(
+                f"loss denominator must be > 0 (e.g. the step's real targets), got {denominator!r}"
+            )
         return self.token_losses(batch).sum() / denominator
 
 
 def build_model(cfg_model: Mapping, backend: str | Mapping = "auto") -> GPT:
     """`GPT.from_config` as a function (Hydra: build_model(cfg.model, cfg.attn))."""
     return GPT.from_config(cfg_model, backend)
-

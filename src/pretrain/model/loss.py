@@ -17,14 +17,15 @@ LOSS_CHUNK_ROWS = 8192
 
 
 def _chunk_losses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = F.linear(hidden, weight).float()
+    logits = F.linear(hidden, weight)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32; fp64 stays
     return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="none")
 
 
 def token_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_rows: int = LOSS_CHUNK_ROWS
 ) -> torch.Tensor:
-    """(T,) fp32 cross-entropy of `hidden @ weight.T` against `targets`; 0 where the target is ignored."""
+    """(T,) cross-entropy (at least fp32) of `hidden @ weight.T` against `targets`; 0 where the target is ignored."""
     if hidden.shape[0] <= chunk_rows:
         return _chunk_losses(hidden, weight, targets)
     checkpointed = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)

@@ -44,10 +44,14 @@ def check_batch(batch: PackedBatch, max_seq_len: int) -> np.ndarray:
         )
     longest = int(lengths.max())
     if batch.max_seqlen < longest:
-        raise ValueError(f"batch.max_seqlen is {batch.max_seqlen} but the longest segment has {longest} tokens")
+        raise ValueError(
+            f"batch.max_seqlen is {batch.max_seqlen} but the longest segment has {longest} tokens"
+        )
     if num_tokens:
         # One host sync per batch (not per layer): both bounds in a single transfer.
-        low, high = (int(x) for x in torch.stack([batch.position_ids.min(), batch.position_ids.max()]).tolist())
+        low, high = (
+            int(x) for x in torch.stack([batch.position_ids.min(), batch.position_ids.max()]).tolist()
+        )
         if low < 0:
             raise ValueError(f"batch.position_ids must be >= 0, got {low}")
         if high >= max_seq_len:
