@@ -45,10 +45,10 @@ def _document_blocks(split: TokenSplit, window: int, block_tokens: int):
             first = last
 
 
-def window_hashes(split: TokenSplit, window: int = LEAK_WINDOW, block_tokens: int = _BLOCK_TOKENS):
+def window_hashes(split: TokenSplit, window: int = LEAK_WINDOW, block_tokens: int | None = None):
     """Yield (hashes, document) per block: a 64-bit polynomial rolling hash of every `window`
     consecutive tokens that lie inside one document's body, and that document's index."""
-    for docs, body in _document_blocks(split, window, block_tokens):
+    for docs, body in _document_blocks(split, window, block_tokens or _BLOCK_TOKENS):
         starts = np.repeat(np.cumsum(body) - body, body)
         pos = np.arange(int(body.sum()), dtype=np.int64) - starts
         x = _mix64(np.asarray(split.tokens[np.repeat(split.offsets[docs], body) + pos]))

@@ -1,0 +1,249 @@
+"""inspect-data statistics on small hand-built splits whose values are worked out by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from rich.console import Console
+
+from pretrain.data.stats import inspect_split, render_table, verbatim_leaks
+from pretrain.data.tokens import TokenSplit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+DESIGN_KEYS = {
+    "documents",
+    "raw_tokens",
+    "prediction_pairs",
+    "chunks",
+    "chunk_lengths",
+    "packs",
+    "pack_utilization",
+    "padding_waste",
+    "truncated_pairs",
+    "cross_document_visible_fraction",
+    "tokens_per_step",
+    "steps_per_epoch",
+    "train_validation_overlap",
+    "verbatim_leaks",
+    "policy",
+    "max_seq_len",
+}
+
+# Bodies of 2, 5, 1 and 9 tokens; with EOS 3 + 6 + 2 + 10 = 21 tokens and 2 + 5 + 1 + 9 = 17 pairs.
+BODIES = [[1, 2], [10, 11, 12, 13, 14], [20], [30, 31, 32, 33, 34, 35, 36, 37, 38]]
+# At max_seq_len 4 the pairs cut into chunks 2 | 4, 1 | 1 | 4, 4, 1.
+CHUNKS = [2, 4, 1, 1, 4, 4, 1]
+FIRST_CHUNKS = [2, 4, 1, 4]
+
+
+def make_cfg(policy: str, *overrides: str):
+    root = OmegaConf.load(ROOT / "conf" / "train.yaml")
+    for key in ("defaults", "hydra"):
+        root.pop(key, None)
+    root.data = OmegaConf.load(ROOT / "conf" / "data" / f"{policy}.yaml")
+    return OmegaConf.merge(root, OmegaConf.from_dotlist(["data.max_seq_len=4", "train.batch_size=2", *overrides]))
+
+
+def splits():
+    train = TokenSplit.from_documents(BODIES)
+    train = TokenSplit(train.tokens, train.offsets, train.lengths, ids=("a", "b", "c", "d"), name="train")
+    validation = TokenSplit.from_documents([[5, 6, 7], [8, 9]], name="validation")
+    validation = TokenSplit(validation.tokens, validation.offsets, validation.lengths, ids=("b", "z"), name="validation")
+    return train, validation
+
+
+def lengths_summary(values):
+    return {
+        "min": min(values),
+        "median": float(np.median(values)),
+        "p90": float(np.percentile(values, 90)),
+        "max": max(values),
+    }
+
+
+def check_common(stats):
+    assert DESIGN_KEYS <= set(stats)
+    json.dumps(stats)  # plain JSON types
+    assert stats["documents"] == 4
+    assert stats["raw_tokens"] == 21
+    assert stats["prediction_pairs"] == 17
+    assert stats["max_seq_len"] == 4
+    assert stats["train_validation_overlap"] == 1  # "b" is in both
+    assert stats["verbatim_leaks"] == 0  # no document reaches 64 tokens
+    assert stats["validation"]["documents"] == 2
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_padded_max(accumulation):
+    train, validation = splits()
+    stats = inspect_split(make_cfg("padded", f"train.accumulation={accumulation}"), train, validation)
+    check_common(stats)
+    real = sum(FIRST_CHUNKS)  # 11
+    assert stats["policy"] == "padded"
+    assert stats["chunks"] == stats["packs"] == 4
+    assert stats["chunk_lengths"] == lengths_summary(FIRST_CHUNKS)
+    assert stats["truncated_pairs"] == 17 - real
+    assert stats["pack_utilization"] == pytest.approx(real / 16)
+    assert stats["padding_waste"] == pytest.approx(5 / 16)
+    assert stats["cross_document_visible_fraction"] == 0.0
+    assert stats["steps_per_epoch"] == 2 // accumulation  # 4 rows, 2 per microbatch
+    assert stats["tokens_per_step"] == pytest.approx(real / 2 * accumulation)
+
+
+@pytest.mark.parametrize(("batch_size", "computed"), [(1, 11), (4, 16)])
+def test_padded_longest(batch_size, computed):
+    # One row per batch pads nothing; all four rows in one batch pad to the longest row, 4.
+    train, validation = splits()
+    stats = inspect_split(make_cfg("padded", "data.pad_to=longest", f"train.batch_size={batch_size}"), train, validation)
+    assert stats["padding_waste"] == pytest.approx(1 - 11 / computed)
+    assert stats["pack_utilization"] == pytest.approx(11 / computed)
+    assert stats["truncated_pairs"] == 6
+
+
+@pytest.mark.parametrize(
+    "policy", [("bestfit", "train.packing_buffer=64"), ("prepacked", "data.strategy=bfd")], ids=["bestfit", "bfd"]
+)
+def test_best_fit_policies(policy):
+    # Longest first into packs of 4: {4} {4} {4} {2, 1, 1} {1} -- for best fit with a buffer that
+    # holds every chunk this does not depend on the shuffle.
+    train, validation = splits()
+    stats = inspect_split(make_cfg(*policy), train, validation)
+    check_common(stats)
+    assert stats["chunks"] == 7
+    assert stats["chunk_lengths"] == lengths_summary(CHUNKS)
+    assert stats["packs"] == 5
+    assert stats["pack_utilization"] == pytest.approx(17 / 20)
+    assert stats["padding_waste"] == 0.0
+    assert stats["truncated_pairs"] == 0
+    assert stats["cross_document_visible_fraction"] == 0.0
+    assert stats["steps_per_epoch"] == 3  # ceil(5 packs / 2)
+    assert stats["tokens_per_step"] == pytest.approx(17 / 3)
+
+
+def cross_document_fraction_by_hand(lengths, capacity):
+    """Per stream position: does an earlier document start inside its window before it?"""
+    doc_of = [d for d, n in enumerate(lengths) for _ in range(n)]
+    inputs = len(doc_of) - 1
+    seeing = sum(doc_of[p] > doc_of[p // capacity * capacity] for p in range(inputs))
+    return seeing / inputs
+
+
+@pytest.mark.parametrize("mask", [True, False])
+def test_concat(mask):
+    train, validation = splits()
+    stats = inspect_split(make_cfg("prepacked", "data.strategy=concat", f"data.document_mask={str(mask).lower()}"), train, validation)
+    check_common(stats)
+    # 21 tokens, 20 inputs: windows [0,4) [4,8) [8,12) [12,16) [16,20); documents start at 3, 9, 11.
+    assert stats["packs"] == 5
+    assert stats["pack_utilization"] == pytest.approx(1.0)
+    assert stats["truncated_pairs"] == 0
+    assert stats["steps_per_epoch"] == 3
+    assert stats["tokens_per_step"] == pytest.approx(20 / 3)
+    if mask:
+        pieces = [3, 1, 4, 1, 2, 1, 4, 4]
+        assert stats["chunks"] == len(pieces)
+        assert stats["chunk_lengths"] == lengths_summary(pieces)
+        assert stats["cross_document_visible_fraction"] == 0.0
+    else:
+        assert stats["chunks"] == 5
+        assert stats["chunk_lengths"] == lengths_summary([4] * 5)
+        expected = cross_document_fraction_by_hand([3, 6, 2, 10], 4)
+        assert expected == pytest.approx(4 / 20)  # 1 token in window 0, 3 in window 2
+        assert stats["cross_document_visible_fraction"] == pytest.approx(expected)
+
+
+def test_no_ids_no_overlap():
+    train = TokenSplit.from_documents(BODIES)
+    validation = TokenSplit.from_documents([[5, 6, 7]], name="validation")
+    assert inspect_split(make_cfg("bestfit"), train, validation)["train_validation_overlap"] == 0
+
+
+# --- verbatim leaks -----------------------------------------------------------------------------
+
+
+def leak_fixture():
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 50000, 200), rng.integers(0, 50000, 150)
+    train = TokenSplit.from_documents([a, b])
+    validation = TokenSplit.from_documents(
+        [
+            np.concatenate([rng.integers(0, 50000, 20), a[10:74], rng.integers(0, 50000, 5)]),  # 64 shared: leak
+            np.concatenate([a[100:163], rng.integers(0, 50000, 30)]),  # 63 shared: no leak
+            rng.integers(0, 50000, 300),  # unrelated
+            np.concatenate([a[-32:], b[:32]]),  # 64 consecutive train tokens only across an EOS: no leak
+            b.copy(),  # a whole train document: leak
+            a[:40],  # too short to hold a window
+        ],
+        name="validation",
+    )
+    return train, validation
+
+
+def test_verbatim_leaks_hand_built():
+    train, validation = leak_fixture()
+    assert verbatim_leaks(train, validation) == 2
+
+
+def brute_force_leaks(train: TokenSplit, validation: TokenSplit, window: int) -> int:
+    windows = set()
+    for d in range(len(train)):
+        body = train.document(d)[:-1].tolist()
+        windows.update(tuple(body[i : i + window]) for i in range(len(body) - window + 1))
+    leaks = 0
+    for d in range(len(validation)):
+        body = validation.document(d)[:-1].tolist()
+        leaks += any(tuple(body[i : i + window]) in windows for i in range(len(body) - window + 1))
+    return leaks
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_verbatim_leaks_match_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    vocab = 3  # a tiny vocabulary makes accidental shared windows common
+    train_docs = [rng.integers(0, vocab, rng.integers(1, 40)) for _ in range(30)]
+    val_docs = []
+    for _ in range(30):
+        doc = rng.integers(0, vocab, rng.integers(1, 40))
+        if rng.random() < 0.3:  # plant a copy of a train snippet
+            source = train_docs[rng.integers(len(train_docs))]
+            doc = np.concatenate([doc[:5], source[rng.integers(0, 4) :], doc[5:]])
+        val_docs.append(doc)
+    train = TokenSplit.from_documents(train_docs)
+    validation = TokenSplit.from_documents(val_docs, name="validation")
+    for window in (4, 8, 16):
+        assert verbatim_leaks(train, validation, window=window) == brute_force_leaks(train, validation, window)
+
+
+def test_leak_makes_the_table_loud():
+    train, validation = leak_fixture()
+    stats = inspect_split(make_cfg("bestfit", "data.max_seq_len=64"), train, validation)
+    assert stats["verbatim_leaks"] == 2
+    table = render_table(stats)
+    assert "WARNING" in str(table.caption) and "verbatim" in str(table.caption)
+    console = Console(record=True, width=100)
+    console.print(table)
+    assert "WARNING" in console.export_text()
+
+    quiet_train, quiet_validation = TokenSplit.from_documents(BODIES), TokenSplit.from_documents([[7, 7]], name="validation")
+    quiet = inspect_split(make_cfg("bestfit"), quiet_train, quiet_validation)
+    assert render_table(quiet).caption is None
+
+
+def test_overlap_makes_the_table_loud():
+    train, validation = splits()
+    stats = inspect_split(make_cfg("bestfit"), train, validation)
+    assert "document ids are in both" in str(render_table(stats).caption)
+
+
+def test_leak_blocks_do_not_change_the_answer(monkeypatch):
+    from pretrain.data import stats as stats_module
+
+    train, validation = leak_fixture()
+    monkeypatch.setattr(stats_module, "_BLOCK_TOKENS", 70)  # about one document per block
+    assert len(list(stats_module._document_blocks(validation, 64, 70))) == 5
+    assert verbatim_leaks(train, validation) == 2
