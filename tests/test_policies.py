@@ -374,3 +374,31 @@ def test_bfd_layout_in_module_matches_algorithm():
     layout = load_or_build_packs(split, table, "bfd", None)
     items, ptr = packing.best_fit_decreasing_naive(table.length, 16)
     assert as_packs(layout.item_id, layout.ptr) == as_packs(items, ptr)
+
+
+@pytest.mark.parametrize("case", list(POLICY_CASES))
+def test_documents_need_not_be_contiguous(case, tmp_path):
+    """Offsets with junk between documents: no junk token is ever read, and the concat stream's
+    cross-document target is the next document's first token."""
+    docs = [[1, 2, 3, EOS_TOKEN_ID], [4, 5, EOS_TOKEN_ID], [6, 7, 8, 9, 10, EOS_TOKEN_ID]]
+    junk = 999
+    tokens, offsets = [], []
+    for doc in docs:
+        tokens += [junk, junk]
+        offsets.append(len(tokens))
+        tokens += doc
+    split = TokenSplit(
+        tokens=np.array(tokens + [junk], dtype=np.uint32),
+        offsets=np.array(offsets, dtype=np.int64),
+        lengths=np.array([len(d) for d in docs], dtype=np.int64),
+    )
+    policy, *overrides = POLICY_CASES[case]
+    cfg = make_cfg(policy, "data.max_seq_len=4", "train.batch_size=1", *overrides)
+    batches = list(build_sampler(cfg, split, train=True, packs_dir=tmp_path))
+    inputs = np.concatenate([b.input_ids.numpy() for b in batches])
+    targets = np.concatenate([b.targets.numpy() for b in batches])
+    assert junk not in inputs and junk not in targets
+    if case == "concat-open":
+        stream = [t for d in docs for t in d]
+        pairs = sorted(zip(stream[:-1], stream[1:], strict=True))
+        assert sorted(zip(inputs.tolist(), targets.tolist(), strict=True)) == pairs
