@@ -114,20 +114,36 @@ def _batches(documents: Iterable[Document], max_chars: int = BATCH_CHARS) -> Ite
 
 
 def _prefetch(iterator: Iterator, depth: int = 2) -> Iterator:
-    """Read the source in a thread so that reading overlaps tokenizing (encode_batch drops the GIL)."""
+    """Read the source in a thread so that reading overlaps tokenizing (encode_batch drops the GIL).
+
+    When the consumer stops early (budgets met, an error), the reader stops too: it never blocks on
+    a full queue forever, and it closes the source so that files and streams are released.
+    """
     items: queue.Queue = queue.Queue(maxsize=depth)
     done = object()
     stop = threading.Event()
 
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce():
         try:
             for item in iterator:
-                if stop.is_set():
+                if not put(item):
                     return
-                items.put(item)
-            items.put(done)
+            put(done)
         except BaseException as error:  # re-raised in the consumer, with its traceback
-            items.put(error)
+            put(error)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
 
     thread = threading.Thread(target=produce, daemon=True, name="pretrain-source-reader")
     thread.start()
