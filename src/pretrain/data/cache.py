@@ -36,8 +36,21 @@ def cache_root(cfg) -> Path:
     return Path(root).expanduser().resolve()
 
 
-def _optional_int(value):
-    return None if value is None else int(value)
+def _setting(key: str, value, kind: type, *, optional: bool = False, low=None, high=None):
+    """A config value as `kind`, or a ValueError naming the key (what a user typed on the command line)."""
+    if value is None and optional:
+        return None
+    try:
+        if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        converted = kind(value)
+    except (TypeError, ValueError):
+        expected = "an integer" if kind is int else "a number"
+        raise ValueError(f"{key}={value!r} is not {expected}{' or null' if optional else ''}") from None
+    if (low is not None and converted < low) or (high is not None and converted > high):
+        bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{key}={value!r} must be {bounds}")
+    return converted
 
 
 def cache_identity(cfg) -> dict:
@@ -49,10 +62,15 @@ def cache_identity(cfg) -> dict:
         "format": FORMAT_VERSION,
         "source": source_identity(cfg.source),
         "tokenizer": {"name": tokenizer.get("name"), "revision": tokenizer.get("revision")},
-        "split": {"seed": int(split.get("seed", 20261003)), "validation_fraction": float(split.get("validation_fraction", 0.05))},
+        "split": {
+            "seed": _setting("split.seed", split.get("seed", 20261003), int),
+            "validation_fraction": _setting(
+                "split.validation_fraction", split.get("validation_fraction", 0.05), float, low=0.0, high=1.0
+            ),
+        },
         "budget": {
-            "train_tokens": _optional_int(budget.get("train_tokens")),
-            "validation_tokens": _optional_int(budget.get("validation_tokens")),
+            name: _setting(f"budget.{name}", budget.get(name), int, optional=True, low=0)
+            for name in ("train_tokens", "validation_tokens")
         },
         "dtype": "uint32",
         "eos_token_id": EOS_TOKEN_ID,
@@ -137,7 +155,7 @@ def verify_cache(directory: Path, identity: dict | None = None) -> dict:
         manifest = json.loads(manifest_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CacheError(f"{manifest_path} is not valid JSON ({error}); {REBUILD_HINT}") from error
-    if manifest.get("checksum") != manifest_checksum(manifest):
+    if not isinstance(manifest, dict) or manifest.get("checksum") != manifest_checksum(manifest):
         raise CacheError(f"{manifest_path} was edited: its checksum does not match its content; {REBUILD_HINT}")
     if identity is not None and manifest.get("identity") != identity:
         raise CacheError(
