@@ -65,17 +65,17 @@ def check_checkpoint(cfg, cache_key: str) -> None:
         raise ValueError(f"ckpt_path={path} does not exist")
     checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     saved = checkpoint.get("hyper_parameters", {})
+    if int(saved.get("max_seq_len", -1)) != int(cfg.data.max_seq_len):
+        raise ValueError(
+            f"ckpt_path={path} was trained with data.max_seq_len={saved.get('max_seq_len')}, "
+            f"the config says {cfg.data.max_seq_len}: resume with data.max_seq_len={saved.get('max_seq_len')}"
+        )
     want_model = GPTConfig.from_mapping(cfg.model)
     have_model = GPTConfig.from_mapping(saved.get("model", {}))
     if have_model != want_model:
         raise ValueError(
             f"ckpt_path={path} holds a model {have_model}, the config asks for {want_model}: "
             "pick the same model=... and data.max_seq_len as the run that saved it"
-        )
-    if int(saved.get("max_seq_len", -1)) != int(cfg.data.max_seq_len):
-        raise ValueError(
-            f"ckpt_path={path} was trained with data.max_seq_len={saved.get('max_seq_len')}, "
-            f"the config says {cfg.data.max_seq_len}: resume with data.max_seq_len={saved.get('max_seq_len')}"
         )
     if saved.get("cache_key") != cache_key:
         raise ValueError(

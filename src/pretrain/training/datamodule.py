@@ -58,16 +58,6 @@ class UpdateStream(IterableDataset):
                 )
 
 
-class BatchStream(IterableDataset):
-    """One pass of a sampler (validation: the same fixed batches every time)."""
-
-    def __init__(self, sampler):
-        self.sampler = sampler
-
-    def __iter__(self):
-        yield from self.sampler
-
-
 def _as_is(item):
     return item
 
@@ -106,9 +96,6 @@ class PretrainDataModule(L.LightningDataModule):
             self._trained_state, self._resume_state = self._resume_state, None
         stream = UpdateStream(self.train_sampler, int(self.cfg.train.accumulation))
         return DataLoader(stream, batch_size=None, collate_fn=_as_is, num_workers=0)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(BatchStream(self.val_sampler), batch_size=None, collate_fn=_as_is, num_workers=0)
 
     def mark_trained(self, sampler_state: dict) -> None:
         self._trained_state = sampler_state

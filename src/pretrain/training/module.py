@@ -41,7 +41,7 @@ class PretrainModule(L.LightningModule):
         self.train_cfg = train
         self.tokens_seen = 0  # real tokens trained on, all ranks; restored from the checkpoint
         self._last_step_end: float | None = None
-        self._val_sums: torch.Tensor | None = None
+        self.last_metrics: dict[str, float] = {}  # latest value of each metric, for the run summary
 
     @classmethod
     def from_config(cls, cfg, attn_backend: str, cache_key: str) -> PretrainModule:
@@ -103,30 +103,50 @@ class PretrainModule(L.LightningModule):
             "train/num_targets": float(result.num_targets),
             "lr": lr,
         }
-        self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
-        self.log("loss", result.loss, prog_bar=True, logger=False, batch_size=1)
-        self.log("tok/s", metrics["train/tokens_per_sec"], prog_bar=True, logger=False, batch_size=1)
+        if self._should_validate():
+            metrics["val/loss"] = self.validation_loss()
+            self._last_step_end = time.perf_counter()  # validation time is not training throughput
+        self._log_metrics(metrics)
+        self.last_metrics.update(metrics)
         return torch.tensor(result.loss)
+
+    def _log_metrics(self, metrics: dict) -> None:
+        """Straight to the loggers, keyed by optimizer steps done. (self.log would keep re-emitting
+        the last val/loss on every later step, and its step counter is not ours.)"""
+        step = int(self.trainer.global_step)
+        every = int(self.train_cfg.get("log_every_n_steps") or 1)
+        if "val/loss" in metrics or step % every == 0 or step == 1:
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=step)
+        self.log("loss", metrics["train/loss"], prog_bar=True, logger=False, batch_size=1)
+        self.log("tok/s", metrics["train/tokens_per_sec"], prog_bar=True, logger=False, batch_size=1)
+        if "val/loss" in metrics:
+            self.log("val", metrics["val/loss"], prog_bar=True, logger=False, batch_size=1)
 
     def on_train_batch_start(self, batch, batch_idx):
         if self._last_step_end is None:
             self._last_step_end = time.perf_counter()
 
     # --- validation: token-weighted over the fixed validation batches of all ranks ------------
-    def on_validation_epoch_start(self):
-        self._val_sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+    # Run from training_step on the optimizer-step count, not by Lightning's batch counter, which
+    # restarts on resume: a resumed run validates at exactly the steps an uninterrupted one does.
+    def _should_validate(self) -> bool:
+        step, every = self.trainer.global_step, int(self.train_cfg["val_every_n_steps"])
+        return step % every == 0 or step >= int(self.train_cfg["max_steps"])
 
-    def validation_step(self, batch, batch_idx):
-        loss_sum = self.model.loss(batch, denominator=1)
-        self._val_sums += torch.stack([loss_sum.detach().double(), torch.tensor(float(batch.num_targets), dtype=torch.float64, device=self.device)])
-
-    def on_validation_epoch_end(self):
-        sums = self._all_reduce_sum(self._val_sums)
-        if sums[1] > 0:
-            self.log("val/loss", float(sums[0] / sums[1]), prog_bar=True, batch_size=1, rank_zero_only=True)
-
-    def on_validation_end(self):
-        self._last_step_end = None  # validation time is not training throughput
+    @torch.no_grad()
+    def validation_loss(self) -> float:
+        sampler = self.trainer.datamodule.val_sampler
+        was_training = self.model.training
+        self.model.eval()
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for batch in sampler:
+            batch = batch.to(self.device)
+            loss_sum = self.model.loss(batch, denominator=1).double()
+            sums += torch.stack([loss_sum, torch.tensor(float(batch.num_targets), dtype=torch.float64, device=self.device)])
+        self.model.train(was_training)
+        sums = self._all_reduce_sum(sums)
+        return float(sums[0] / sums[1]) if sums[1] > 0 else math.nan
 
     # --- counters that a resume must continue -----------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -66,10 +66,8 @@ def build_trainer(cfg, output_dir: Path, callbacks=()) -> L.Trainer:
         precision=cfg.trainer.precision,
         max_steps=int(t.max_steps),
         max_epochs=-1,
-        # One loader item is one optimizer update, so "batches" here are optimizer steps.
-        val_check_interval=int(t.val_every_n_steps),
-        check_val_every_n_epoch=None,
-        limit_val_batches=int(t.val_batches),
+        # Validation runs inside training_step on the optimizer-step count (see module.py).
+        limit_val_batches=0,
         num_sanity_val_steps=0,
         log_every_n_steps=int(t.log_every_n_steps),
         logger=build_loggers(cfg, output_dir),
@@ -113,7 +111,7 @@ def train(cfg, callbacks=()) -> dict:
         "steps": int(trainer.global_step),
         "tokens": int(module.tokens_seen),
         "seconds": round(time.perf_counter() - started, 2),
-        "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+        "metrics": dict(module.last_metrics),
         "is_global_zero": trainer.is_global_zero,
     }
     if trainer.is_global_zero:
