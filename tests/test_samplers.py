@@ -328,3 +328,12 @@ def test_composed_config_builds_samplers(policy, tmp_path):
     validation = build_sampler(cfg, split, train=False, packs_dir=tmp_path)
     assert len(train) > 0 and len(validation) > 0
     assert next(iter(train)).num_tokens > 0
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_empty_validation_split_gives_no_batches(case, tmp_path):
+    empty = TokenSplit.from_lengths([], name="validation")
+    sampler = build_sampler(case_cfg(case), empty, train=False, packs_dir=tmp_path)
+    assert len(sampler) == 0 and list(sampler) == []
+    with pytest.raises(ValueError, match="no documents"):
+        build_sampler(case_cfg(case), TokenSplit.from_lengths([]), train=True, packs_dir=tmp_path)

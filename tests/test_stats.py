@@ -247,3 +247,10 @@ def test_leak_blocks_do_not_change_the_answer(monkeypatch):
     monkeypatch.setattr(stats_module, "_BLOCK_TOKENS", 70)  # about one document per block
     assert len(list(stats_module._document_blocks(validation, 64, 70))) == 5
     assert verbatim_leaks(train, validation) == 2
+
+
+def test_empty_validation_split():
+    train = TokenSplit.from_documents(BODIES)
+    stats = inspect_split(make_cfg("bestfit"), train, TokenSplit.from_lengths([], name="validation"))
+    assert stats["validation"] == {"documents": 0, "raw_tokens": 0, "prediction_pairs": 0, "batches": 0}
+    assert stats["verbatim_leaks"] == 0 and stats["train_validation_overlap"] == 0

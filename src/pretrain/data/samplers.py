@@ -67,8 +67,8 @@ class Sampler:
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        if len(split) == 0:
-            raise ValueError(f"the {split.name} split has no documents")
+        if train and len(split) == 0:
+            raise ValueError(f"the {split.name} split has no documents: nothing to train on")
         self.split = split
         self.settings = settings
         self.train = bool(train)

@@ -98,7 +98,19 @@ def _segments(settings: PolicySettings, layout: Layout, chunk_lengths: np.ndarra
 
 
 def inspect_split(cfg, train: TokenSplit, validation: TokenSplit, packs_dir: Path | None = None) -> dict:
-    """Statistics of the train split under cfg's policy (the DESIGN.md inspect-data keys)."""
+    """Statistics of the train split under cfg's policy (the DESIGN.md inspect-data keys), for one
+    rank and epoch 0 (bestfit packs differ slightly per epoch):
+
+    * `chunks` / `chunk_lengths`: the sequences attention runs over: padded rows (first chunks),
+      the chunks (bestfit, bfd), the document pieces of concat windows (document_mask=true) or the
+      windows themselves (document_mask=false);
+    * `packs`: padded rows or packs; `pack_utilization`: real tokens / computed slots (packs x
+      max_seq_len; padded rows count their padded width, so it is 1 - padding_waste there);
+    * `truncated_pairs`: pairs no batch ever holds (the padded policy's cut document tails);
+    * `tokens_per_step`: real tokens per microbatch (mean over the epoch) x train.accumulation;
+      `steps_per_epoch`: microbatches per epoch // train.accumulation;
+    * `verbatim_leaks`: validation documents sharing a 64-token window with a train document.
+    Also `settings` (the policy's knobs) and `validation` (its size and validation batches)."""
     settings = PolicySettings.from_cfg(cfg)
     capacity = settings.max_seq_len
     sampler = build_sampler(settings, train, train=True, packs_dir=packs_dir)
@@ -128,7 +140,7 @@ def inspect_split(cfg, train: TokenSplit, validation: TokenSplit, packs_dir: Pat
 
     global_batches = plan.global_batches
     accumulation = settings.accumulation
-    val_sampler = build_sampler(settings, validation, train=False, packs_dir=packs_dir) if len(validation) else None
+    val_sampler = build_sampler(settings, validation, train=False, packs_dir=packs_dir)
     overlap = len(set(train.ids) & set(validation.ids)) if train.ids and validation.ids else 0
     return {
         "policy": settings.policy,
@@ -163,7 +175,7 @@ def inspect_split(cfg, train: TokenSplit, validation: TokenSplit, packs_dir: Pat
             "documents": len(validation),
             "raw_tokens": validation.num_tokens,
             "prediction_pairs": validation.num_pairs,
-            "batches": len(val_sampler) if val_sampler is not None else 0,
+            "batches": len(val_sampler),
         },
     }
 
