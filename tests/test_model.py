@@ -1,0 +1,277 @@
+"""GPT on packed batches: chunk independence, isolation, padded == packed, loss, configs, bad inputs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from pretrain.data import IGNORE_INDEX, TokenSplit, collate_packed, gather_packed, gather_padded, split_tokens
+from pretrain.model import GPT, GPTConfig, build_model
+from pretrain.model.loss import token_cross_entropy
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB, MAX_LEN = 101, 48
+TIGHT = 1e-10  # float64: packing changes only summation order
+
+
+def small_model(attn="sdpa", seed=0, dtype=torch.float64, **overrides):
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=32, max_seq_len=MAX_LEN, **overrides)
+    return GPT(config, attn=attn).to(dtype)
+
+
+def documents(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, VOCAB, size=n) for n in lengths]
+
+
+def chunks_of(docs, max_seq_len=MAX_LEN):
+    return [c for i, d in enumerate(docs) for c in split_tokens(f"doc{i}", d, max_seq_len)]
+
+
+DOC_LENGTHS = [20, 110, 5, 49, 2, 33]  # 110 and 49 are cut into several chunks of <= 48 inputs
+
+
+def packed(chunks, pack_size=3):
+    return collate_packed(
+        [chunks[i : i + pack_size] for i in range(0, len(chunks), pack_size)], capacity=3 * MAX_LEN
+    )
+
+
+def grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_packed_batch_equals_each_chunk_alone_forward_and_gradients():
+    model = small_model()
+    chunks = chunks_of(documents(DOC_LENGTHS))
+    assert len(chunks) > len(DOC_LENGTHS)  # some documents were cut
+    batch = packed(chunks)
+
+    logits = model(batch)
+    model.loss(batch, denominator=1.0).backward()
+    packed_grads = grads(model)
+
+    model.zero_grad()
+    alone = []
+    for chunk in chunks:
+        single = collate_packed([chunk])
+        alone.append(model(single).detach())
+        model.loss(single, denominator=1.0).backward()  # gradients accumulate over chunks
+    torch.testing.assert_close(logits.detach(), torch.cat(alone), atol=TIGHT, rtol=0)
+    for name, grad in grads(model).items():
+        torch.testing.assert_close(packed_grads[name], grad, atol=TIGHT, rtol=0, msg=name)
+
+
+def test_flex_forward_equals_each_chunk_alone_and_sdpa():
+    sdpa, flex = small_model("sdpa"), small_model("flex")
+    chunks = chunks_of(documents(DOC_LENGTHS))
+    batch = packed(chunks)
+    with torch.no_grad():
+        got = flex(batch)
+        alone = torch.cat([flex(collate_packed([c])) for c in chunks])
+        reference = sdpa(batch)
+    torch.testing.assert_close(got, alone, atol=TIGHT, rtol=0)
+    torch.testing.assert_close(got, reference, atol=TIGHT, rtol=0)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "flex"])
+def test_changing_one_document_leaves_the_others_unchanged(attn):
+    model = small_model(attn)
+    docs = documents([30, 40, 25, 9])
+    changed = [d.copy() for d in docs]
+    changed[1] = (changed[1] + 1 + np.arange(len(changed[1]))) % VOCAB  # every token differs
+    assert (changed[1] != docs[1]).all()
+    with torch.no_grad():
+        before = model(packed(chunks_of(docs), pack_size=4))
+        after = model(packed(chunks_of(changed), pack_size=4))
+    rows = np.cumsum([0] + [len(d) - 1 for d in docs])  # each doc is one chunk of len-1 inputs
+    other = torch.ones(len(before), dtype=torch.bool)
+    other[rows[1] : rows[2]] = False
+    torch.testing.assert_close(before[other], after[other], atol=1e-12, rtol=0)
+    assert not torch.allclose(before[~other], after[~other])
+
+
+def test_model_computes_only_real_rows_and_positions_restart_per_chunk():
+    model = small_model()
+    chunks = chunks_of(documents(DOC_LENGTHS))
+    batch = packed(chunks)
+    seen = {}
+    model.wte.register_forward_hook(lambda m, args, out: seen.__setitem__("tokens", args[0]))
+    model.wpe.register_forward_hook(lambda m, args, out: seen.__setitem__("positions", args[0]))
+    model.h[0].attn.c_attn.register_forward_hook(
+        lambda m, args, out: seen.__setitem__("qkv_rows", out.shape[0])
+    )
+    model(batch)
+    real = sum(len(c) for c in chunks)
+    assert seen["tokens"].shape == (real,)
+    assert batch.num_tokens == int(batch.pack_lengths.sum()) == real == seen["qkv_rows"]
+    expected = np.concatenate([np.arange(len(c)) for c in chunks])
+    assert np.array_equal(seen["positions"].numpy(), expected)
+
+
+def padded_and_packed(doc_lengths, width, seed=0):
+    """The same untruncated documents as padded rows (one per row) and as packs of real tokens."""
+    split = TokenSplit.from_lengths(doc_lengths, seed=seed, vocab=VOCAB - 1)  # EOS=50256 is remapped below
+    tokens = np.where(split.tokens == 50256, VOCAB - 1, split.tokens).astype(np.uint32)
+    inputs = split.lengths - 1  # every pair of a document fits one row: nothing is truncated
+    assert inputs.max() <= width
+    padded = gather_padded(tokens, split.offsets, inputs, row_width=width)
+    packs = gather_packed(tokens, split.offsets, inputs, pack_sizes=[2, 3, 1, 2], capacity=2 * width)
+    padded = replace(padded, input_ids=padded.input_ids.clamp(max=VOCAB - 1))  # pad id 50256 -> in vocab
+    return padded, packs, inputs
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "flex"])
+def test_padded_and_packed_batches_give_the_same_token_losses(attn):
+    model = small_model(attn)
+    padded, packs, inputs = padded_and_packed([12, 40, 7, 49, 30, 2, 19, 25], width=MAX_LEN)
+    with torch.no_grad():
+        padded_losses = model.token_losses(padded).view(len(inputs), MAX_LEN)
+        packed_losses = model.token_losses(packs)
+    real = torch.arange(MAX_LEN)[None, :] < torch.as_tensor(inputs)[:, None]
+    torch.testing.assert_close(padded_losses[real], packed_losses, atol=TIGHT, rtol=0)
+    assert torch.all(padded_losses[~real] == 0)  # pads carry IGNORE_INDEX targets
+    assert padded.num_targets == packs.num_targets == int(inputs.sum())
+
+
+def test_loss_is_summed_cross_entropy_over_the_callers_denominator():
+    model = small_model()
+    padded, _, _ = padded_and_packed([12, 40, 7, 49, 30, 2, 19, 25], width=MAX_LEN)
+    denominator = 1000  # e.g. the real targets of a whole accumulated step, not this batch's
+    loss = model.loss(padded, denominator)
+    logits = model(padded)
+    counted = padded.targets != IGNORE_INDEX
+    log_probs = torch.log_softmax(logits[counted], dim=-1)
+    manual = -log_probs.gather(1, padded.targets[counted, None]).sum() / denominator
+    torch.testing.assert_close(loss, manual, atol=TIGHT, rtol=0)
+    with pytest.raises(ValueError, match="denominator must be > 0"):
+        model.loss(padded, 0)
+
+
+def test_chunked_checkpointed_loss_matches_the_direct_one():
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(50, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(VOCAB, 16, dtype=torch.float64, generator=gen, requires_grad=True)
+    targets = torch.randint(0, VOCAB, (50,), generator=gen)
+    targets[::7] = IGNORE_INDEX
+    direct = F.cross_entropy(hidden @ weight.T, targets, ignore_index=IGNORE_INDEX, reduction="none")
+    chunked = token_cross_entropy(hidden, weight, targets, chunk_rows=8)
+    torch.testing.assert_close(chunked, direct, atol=TIGHT, rtol=0)
+    want = torch.autograd.grad(direct.sum(), (hidden, weight))
+    got = torch.autograd.grad(chunked.sum(), (hidden, weight))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=TIGHT, rtol=0)
+
+
+def good_batch():
+    return packed(chunks_of(documents([10, 20, 15])))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda b: replace(b, cu_seqlens=b.cu_seqlens.long()), "must be an int32 tensor"),
+        (lambda b: replace(b, cu_seqlens=torch.tensor([0, 20, 9, 42], dtype=torch.int32)), "monotonic"),
+        (
+            lambda b: replace(b, cu_seqlens=torch.tensor([0, 9, 28, 40], dtype=torch.int32)),
+            "must end at T = 42",
+        ),
+        (lambda b: replace(b, cu_seqlens=torch.tensor([3, 9, 28, 42], dtype=torch.int32)), "must start at 0"),
+        (lambda b: replace(b, position_ids=b.position_ids + MAX_LEN), "raise model.max_seq_len"),
+        (lambda b: replace(b, max_seqlen=3), "longest segment"),
+    ],
+    ids=["int64", "not-monotonic", "not-ending-at-T", "not-starting-at-0", "positions", "max_seqlen"],
+)
+def test_bad_batches_fail_with_a_clear_error(change, message):
+    model = small_model()
+    batch = good_batch()
+    assert batch.num_tokens == 42
+    model(batch)  # the unchanged batch is fine
+    with pytest.raises(ValueError, match=message):
+        model(change(batch))
+
+
+def test_flex_training_on_cpu_fails_at_start_naming_sdpa_but_evaluation_works():
+    flex, sdpa = small_model("flex"), small_model("sdpa")
+    batch = good_batch()
+    with pytest.raises(ValueError, match="attn=sdpa"):
+        flex.loss(batch, batch.num_targets)
+    with torch.no_grad():
+        torch.testing.assert_close(flex(batch), sdpa(batch), atol=TIGHT, rtol=0)
+    with torch.inference_mode():
+        torch.testing.assert_close(flex.token_losses(batch), sdpa.token_losses(batch), atol=TIGHT, rtol=0)
+
+
+def test_varlen_on_cpu_fails_at_start_and_auto_runs_sdpa():
+    batch = good_batch()
+    with pytest.raises(ValueError, match=r"only on CUDA.*attn=sdpa"):
+        small_model("varlen")(batch)
+    auto, sdpa = small_model("auto"), small_model("sdpa")
+    assert auto.backend() == "sdpa"
+    torch.testing.assert_close(auto(batch), sdpa(batch), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="attn.backend must be one of"):
+        small_model("flash")
+
+
+def model_node(name, max_seq_len):
+    root = OmegaConf.create({"data": {"max_seq_len": max_seq_len}})
+    root.model = OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml")
+    return root.model
+
+
+def gpt2_parameters(vocab, positions, layers, width):
+    """Independent count: embeddings + per block (2 LayerNorms, qkv, proj, MLP) + final LayerNorm."""
+    block = 2 * 2 * width + (3 * width * width + 3 * width) + (width * width + width)
+    block += (4 * width * width + 4 * width) + (4 * width * width + width)
+    return vocab * width + positions * width + layers * block + 2 * width
+
+
+@pytest.mark.parametrize(
+    ("name", "published"), [("tiny", None), ("gpt2-small", 124_439_808), ("gpt2-medium", 354_823_168)]
+)
+def test_model_configs_build_the_named_sizes(name, published):
+    node = model_node(name, 1024)
+    with torch.device("meta"):  # no memory or init time for the big ones
+        model = GPT.from_config(node, OmegaConf.load(ROOT / "conf" / "attn" / "flex.yaml"))
+    config = model.config
+    assert config.max_seq_len == 1024 and config.vocab_size == 50257
+    assert config == GPTConfig.preset(name, max_seq_len=1024)
+    assert model.attn_backend == "flex" and model.flex_compile == "auto"
+    expected = gpt2_parameters(50257, 1024, config.n_layer, config.d_model)
+    assert model.num_parameters() == expected
+    assert model.num_parameters(exclude_position_embeddings=True) == expected - 1024 * config.d_model
+    if published:
+        assert expected == published  # Hugging Face's GPT-2 counts, tied head counted once
+
+
+def test_attn_configs_and_build_model():
+    for name in ("auto", "sdpa", "flex", "varlen"):
+        assert OmegaConf.load(ROOT / "conf" / "attn" / f"{name}.yaml").backend == name
+    model = build_model(model_node("tiny", 64), "sdpa")
+    assert model.attn_backend == "sdpa" and model.config.max_seq_len == 64
+    assert model.config == GPTConfig.preset("tiny", max_seq_len=64)
+
+
+def test_gpt2_initialisation():
+    torch.manual_seed(0)
+    config = GPTConfig.preset("tiny", vocab_size=5000, n_layer=8, max_seq_len=256)
+    model = GPT(config)
+    assert abs(model.wte.weight.std().item() - 0.02) < 1e-3
+    assert abs(model.h[0].attn.c_attn.weight.std().item() - 0.02) < 1e-3
+    scaled = 0.02 / math.sqrt(2 * config.n_layer)
+    for block in model.h:
+        assert abs(block.attn.c_proj.weight.std().item() - scaled) < 0.1 * scaled
+        assert abs(block.mlp.c_proj.weight.std().item() - scaled) < 0.1 * scaled
+        assert torch.all(block.attn.c_attn.bias == 0)
+    # Tied output embedding: the logits are hidden @ wte.T, one shared tensor.
+    batch = collate_packed(chunks_of(documents([9, 12])))
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch), model.hidden_states(batch) @ model.wte.weight.T)
