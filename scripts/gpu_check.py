@@ -15,6 +15,7 @@ Without CUDA it prints "skipped: no CUDA" and exits 0 (writing nothing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import sys
@@ -71,6 +72,25 @@ class Report:
             flush=True,
         )
 
+    @contextlib.contextmanager
+    def guard(self, stage: str, backend: str):
+        """A crash inside `stage` becomes one failed check with its error; the run goes on."""
+        try:
+            yield
+        except Exception as error:  # any failure of a kernel or a compile is a result here
+            message = f"{type(error).__name__}: {error}".splitlines()[0][:400]
+            self.checks.append(
+                {
+                    "check": f"{stage}: runs",
+                    "backend": backend,
+                    "value": None,
+                    "passed": False,
+                    "error": message,
+                }
+            )
+            print(f"  FAIL {backend:7s} {stage}: {message}", flush=True)
+            torch.cuda.empty_cache()
+
     @property
     def passed(self) -> bool:
         return all(c["passed"] for c in self.checks)
@@ -115,36 +135,43 @@ def attention_checks(
     ref_out, ref_grads = attend("sdpa", q, k, v, lengths, cotangent)
     half = [x.bfloat16() for x in (q, k, v)]
     for backend in ("sdpa", "varlen", "flex"):  # bf16 sdpa: what bf16 alone costs, for context
-        out, grads = attend(backend, *half, lengths, cotangent)
-        report.check("packed vs fp32 sdpa: out rel", backend, rel(out, ref_out), TOL_ATTN_REL)
-        report.check("packed vs fp32 sdpa: max |out|", backend, max_abs(out, ref_out), TOL_ATTN_MAX)
-        for name, g, r in zip("qkv", grads, ref_grads, strict=True):
-            report.check(f"packed vs fp32 sdpa: d{name} rel", backend, rel(g, r), TOL_ATTN_REL)
-        if backend == "sdpa":
+        out = None
+        with report.guard("attention packed vs reference", backend):
+            out, grads = attend(backend, *half, lengths, cotangent)
+            report.check("packed vs fp32 sdpa: out rel", backend, rel(out, ref_out), TOL_ATTN_REL)
+            report.check("packed vs fp32 sdpa: max |out|", backend, max_abs(out, ref_out), TOL_ATTN_MAX)
+            for name, g, r in zip("qkv", grads, ref_grads, strict=True):
+                report.check(f"packed vs fp32 sdpa: d{name} rel", backend, rel(g, r), TOL_ATTN_REL)
+        if backend == "sdpa" or out is None:
             continue
-        # A few segments alone (with the default segments: the full-capacity one, one across a tile
-        # edge, a tiny one).
-        alone_out, alone_grad = 0.0, 0.0
-        for s in (12, 6, 2):
-            span = slice(starts[s], starts[s + 1])
-            o, g = attend(backend, *(x[span] for x in half), lengths[s : s + 1], cotangent[span])
-            alone_out = max(alone_out, rel(o, out[span]))
-            alone_grad = max(alone_grad, *(rel(a, b[span]) for a, b in zip(g, grads, strict=True)))
-        report.check("segment alone vs packed: out rel", backend, alone_out, TOL_ALONE_REL)
-        report.check("segment alone vs packed: grads rel", backend, alone_grad, TOL_ALONE_REL)
+        # A few segments alone (default segments: the full-capacity one, one across a tile edge, a tiny one).
+        for seg in (12, 6, 2):
+            with report.guard(f"segment of {lengths[seg]} alone", backend):
+                span = slice(starts[seg], starts[seg + 1])
+                o, g = attend(backend, *(x[span] for x in half), lengths[seg : seg + 1], cotangent[span])
+                report.check(
+                    f"segment of {lengths[seg]} alone vs packed: out rel",
+                    backend,
+                    rel(o, out[span]),
+                    TOL_ALONE_REL,
+                )
+                worst = max(rel(a, b[span]) for a, b in zip(g, grads, strict=True))
+                report.check(
+                    f"segment of {lengths[seg]} alone vs packed: grads rel", backend, worst, TOL_ALONE_REL
+                )
         # Isolation: replace segment 9 (1000 tokens by default) entirely; the rest must not move.
-        changed = slice(starts[9], starts[10])
-        other = torch.ones(len(q), dtype=torch.bool, device=device)
-        other[changed] = False
-        perturbed = [x.clone() for x in half]
-        for x in perturbed:
-            x[changed] = torch.randn_like(x[changed]) * 3
-        o2, g2 = attend(backend, *perturbed, lengths, cotangent)
-        report.check(
-            "isolation: other segments max |out|", backend, max_abs(o2[other], out[other]), TOL_ISOLATION_OUT
-        )
-        worst = max(rel(a[other], b[other]) for a, b in zip(g2, grads, strict=True))
-        report.check("isolation: other segments grads rel", backend, worst, TOL_ISOLATION_GRAD)
+        with report.guard("attention isolation", backend):
+            changed = slice(starts[9], starts[10])
+            other = torch.ones(len(q), dtype=torch.bool, device=device)
+            other[changed] = False
+            perturbed = [x.clone() for x in half]
+            for x in perturbed:
+                x[changed] = torch.randn_like(x[changed]) * 3
+            o2, g2 = attend(backend, *perturbed, lengths, cotangent)
+            moved = max_abs(o2[other], out[other])
+            report.check("isolation: other segments max |out|", backend, moved, TOL_ISOLATION_OUT)
+            worst = max(rel(a[other], b[other]) for a, b in zip(g2, grads, strict=True))
+            report.check("isolation: other segments grads rel", backend, worst, TOL_ISOLATION_GRAD)
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -199,29 +226,25 @@ def model_checks(
     other[doc] = False
 
     for backend in ("sdpa", "varlen", "flex"):
-        losses, grads = step(backend, packed, torch.bfloat16)
-        loss = float(losses.sum() / packed.num_targets)
-        report.check("loss vs fp32 sdpa model: rel", backend, abs(loss - ref_loss) / ref_loss, TOL_MODEL_LOSS)
-        cos = float(torch.nn.functional.cosine_similarity(grads, ref_grads, dim=0))
-        report.check(
-            "param grads vs fp32 sdpa model: cosine", backend, cos, TOL_MODEL_GRAD_COS, at_least=True
-        )
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        with report.guard("model vs fp32 sdpa model", backend):
+            losses, grads = step(backend, packed, torch.bfloat16)
+            loss = float(losses.sum() / packed.num_targets)
+            report.check(
+                "loss vs fp32 sdpa model: rel", backend, abs(loss - ref_loss) / ref_loss, TOL_MODEL_LOSS
+            )
+            cos = float(torch.nn.functional.cosine_similarity(grads, ref_grads, dim=0))
+            report.check(
+                "param grads vs fp32 sdpa model: cosine", backend, cos, TOL_MODEL_GRAD_COS, at_least=True
+            )
+        with report.guard("model isolation and padded == packed", backend), torch.no_grad():
             model.attn_backend = backend
-            before, after = model.token_losses(packed), model.token_losses(changed)
-            pad = model.token_losses(padded)
-        report.check(
-            "isolation: other docs max |token loss|",
-            backend,
-            max_abs(after[other], before[other]),
-            TOL_MODEL_ISOLATION,
-        )
-        report.check(
-            "padded vs packed (bf16): max |token loss|",
-            backend,
-            max_abs(pad.view(-1, width)[real], before),
-            TOL_PADDED_PACKED,
-        )
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                before, after = model.token_losses(packed), model.token_losses(changed)
+                pad = model.token_losses(padded)
+            moved = max_abs(after[other], before[other])
+            report.check("isolation: other docs max |token loss|", backend, moved, TOL_MODEL_ISOLATION)
+            gap = max_abs(pad.view(-1, width)[real], before)
+            report.check("padded vs packed (bf16): max |token loss|", backend, gap, TOL_PADDED_PACKED)
 
 
 # ------------------------------------------------------------------------------------ throughput
@@ -277,8 +300,8 @@ def throughput(
                 real_tokens_per_s=batch.real_tokens / seconds,
                 peak_gib=torch.cuda.max_memory_allocated() / 2**30,
             )
-        except torch.cuda.OutOfMemoryError as error:
-            row["error"] = f"out of memory: {str(error).splitlines()[0]}"
+        except Exception as error:  # out of memory or a kernel that cannot run: a row, not a crash
+            row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:400]
             model.zero_grad(set_to_none=True)
             torch.cuda.empty_cache()
         print(
