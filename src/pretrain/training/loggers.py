@@ -54,3 +54,10 @@ def build_loggers(cfg, output_dir: Path) -> list[Logger]:
     elif cfg.logger.kind != "csv":
         raise ValueError(f"logger.kind={cfg.logger.kind!r} is not csv or wandb (pick logger=csv or logger=wandb)")
     return loggers
+
+
+def finish_loggers(trainer) -> None:
+    """Close W&B runs: the next job of a multirun in this process must start its own run."""
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger) and trainer.is_global_zero:
+            logger.experiment.finish()

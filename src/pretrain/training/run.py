@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from ..data.cache import cache_identity, identity_key
 from .checks import check_config
 from .datamodule import PretrainDataModule
-from .loggers import build_loggers
+from .loggers import build_loggers, finish_loggers
 from .module import PretrainModule
 from .recorder import BatchRecorder
 
@@ -114,6 +114,7 @@ def train(cfg, callbacks=()) -> dict:
         "metrics": dict(module.last_metrics),
         "is_global_zero": trainer.is_global_zero,
     }
+    finish_loggers(trainer)
     if trainer.is_global_zero:
         (output_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
         OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
