@@ -46,9 +46,10 @@ def counts_table(cache) -> Table:
 
 def cmd_prepare(overrides: list[str]) -> int:
     from .config import load_config
+
+    cfg = load_config(overrides)  # a bad override fails before the heavy imports below
     from .data.prepare import prepare_cache
 
-    cfg = load_config(overrides)
     cache = prepare_cache(cfg)
     Console().print(counts_table(cache))
     print(cache.directory)
