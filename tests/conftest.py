@@ -300,7 +300,10 @@ def cli_env(cache_root: Path, **extra) -> dict:
 
 
 def prepare_command(*overrides: str) -> list[str]:
-    return [sys.executable, "-m", "pretrain.cli", "prepare", *base_overrides(), *overrides]
+    """`pretrain prepare` through the installed console script (or the module when there is none)."""
+    script = Path(sys.executable).parent / "pretrain"
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "pretrain.cli"]
+    return [*command, "prepare", *base_overrides(), *overrides]
 
 
 def run_prepare(cache_root: Path, *overrides: str, timeout: float = 120, **env) -> subprocess.CompletedProcess:
