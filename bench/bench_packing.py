@@ -124,7 +124,15 @@ def _packing_rows(dataset: str, lengths: np.ndarray) -> tuple[list[dict], dict]:
 def _throughput(dataset: str, lengths: np.ndarray, repeats: int = 5) -> tuple[list[dict], dict]:
     """Best-fit sampler, buffer 64, capacity 4096, one core: packing metadata of whole epochs, then
     whole epochs of batches gathered from a random-token split of the same lengths."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    try:
+        return _measure(dataset, lengths, repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(dataset: str, lengths: np.ndarray, repeats: int) -> tuple[list[dict], dict]:
     split = TokenSplit.from_lengths(lengths, seed=1)
     sampler = build_sampler(_cfg(), split, train=True)
     pairs = sampler.table.total_pairs
