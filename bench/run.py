@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(BENCH_DIR))
     RESULTS.mkdir(parents=True, exist_ok=True)
     wanted = set(argv)
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 180)
     for path in sorted(BENCH_DIR.glob("bench_*.py")):
         module = _load(path)
         name = getattr(module, "NAME", path.stem.removeprefix("bench_"))
