@@ -2,6 +2,7 @@
 
 from .batch import IGNORE_INDEX, PackedBatch, collate_packed, gather_packed, gather_padded
 from .chunking import Chunk, ChunkTable, chunk_table, split_tokens
+from .samplers import Sampler, build_sampler
 from .split import document_id, document_split
 from .tokens import EOS_TOKEN_ID, TokenSplit
 
@@ -11,7 +12,9 @@ __all__ = [
     "Chunk",
     "ChunkTable",
     "PackedBatch",
+    "Sampler",
     "TokenSplit",
+    "build_sampler",
     "chunk_table",
     "collate_packed",
     "document_id",

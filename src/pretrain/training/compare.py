@@ -90,6 +90,16 @@ def load_run(run_dir: Path) -> Run:
     )
 
 
+def _drop_shared_label_parts(runs: list[Run]) -> None:
+    """In a sweep, overrides every run shares say nothing: keep what tells runs apart."""
+    if len(runs) < 2:
+        return
+    parts = [run.label.split(" ") for run in runs]
+    shared = set(parts[0]).intersection(*parts[1:])
+    for run, words in zip(runs, parts, strict=True):
+        run.label = " ".join(w for w in words if w not in shared) or run.label
+
+
 def markdown_table(runs: list[Run]) -> str:
     header = "| run | policy | max_seq_len | batch | real tokens | train loss | val loss | tokens/s | padding waste | pack util |"
     lines = [header, "|---" * (header.count("|") - 1) + "|"]
@@ -120,7 +130,7 @@ def plot(runs: list[Run], output: Path) -> None:
         if len(val):
             ax.plot(val[:, 0], val[:, 1], "o--", color=color, markersize=4)
     ax.set(xlabel="real tokens seen", ylabel="loss (lines: train, dots: validation)", title="loss against real tokens")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper right", framealpha=0.6)
     labels = [run.label for run in runs]
     y = np.arange(len(runs))
     for ax, metric, title, fmt in (
@@ -145,6 +155,7 @@ def plot(runs: list[Run], output: Path) -> None:
 def compare(directories: list[Path], output: Path | None = None, quiet: bool = False) -> Path:
     """Write the comparison PNG (and a .md table beside it); returns the PNG path."""
     runs = [load_run(path) for path in find_runs([Path(d) for d in directories])]
+    _drop_shared_label_parts(runs)
     output = Path(output) if output else Path(directories[0]) / "compare.png"
     plot(runs, output)
     table = markdown_table(runs)
