@@ -3,11 +3,13 @@ independent expectations (hashlib for the split, the pure-Python GPT-2 encoder f
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +30,11 @@ OFFLINE_ENV = {
 }
 os.environ.update(OFFLINE_ENV)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+# Never the user's cache: a session root, replaced per test by `offline` unless a module set its own.
+_SESSION_CACHE_ROOT = tempfile.mkdtemp(prefix="pretrain-tests-cache-")
+os.environ["PRETRAIN_CACHE_ROOT"] = _SESSION_CACHE_ROOT
+atexit.register(shutil.rmtree, _HF_HOME, ignore_errors=True)
+atexit.register(shutil.rmtree, _SESSION_CACHE_ROOT, ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[1]
 EOS = 50256
@@ -245,9 +252,12 @@ def expected_cache(texts, seed=20261003, fraction=0.05, train_tokens=None, valid
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch, tmp_path):
-    """Every test: no network, and a private cache root."""
+    """Every test: no network, and a private cache root (unless its module chose a shared one)."""
     for key, value in OFFLINE_ENV.items():
         monkeypatch.setenv(key, value)
+    current = os.environ.get("PRETRAIN_CACHE_ROOT")
+    if current not in (None, _SESSION_CACHE_ROOT):
+        return Path(current)
     root = tmp_path / "cache-root"
     monkeypatch.setenv("PRETRAIN_CACHE_ROOT", str(root))
     return root
