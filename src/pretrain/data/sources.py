@@ -114,11 +114,20 @@ def _rows(builder: str, path: Path) -> Iterator[dict]:
     yield from stream
 
 
+def _readable_rows(builder: str, path: Path) -> Iterator[dict]:
+    """`_rows`, with a file the reader cannot parse (corrupt parquet, a broken JSON line) reported by name."""
+    try:
+        yield from _rows(builder, path)
+    except Exception as error:
+        kind = "parquet" if builder == "parquet" else "JSON lines"
+        raise SourceError(f"{path}: cannot be read as {kind} ({type(error).__name__}: {error})") from error
+
+
 def local_documents(files) -> Iterator[Document]:
     """Rows of local parquet/jsonl files (in the order given), streamed with `datasets`."""
     for path in _local_paths(files):
         builder = _file_format(path)
-        for row_number, row in enumerate(_rows(builder, path)):
+        for row_number, row in enumerate(_readable_rows(builder, path)):
             if "text" not in row:
                 raise SourceError(f"{path}: row {row_number} has no `text` column (columns: {sorted(row)})")
             text = row["text"]
