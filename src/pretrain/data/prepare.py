@@ -296,8 +296,9 @@ def prepare_cache(cfg, *, progress: bool = True) -> Cache:
                     raise
                 _log(f"rebuilding: {error}")
                 _discard(directory, root)
-        for stale in root.glob(f".{key}.tmp-*"):
-            # We hold the lock, so any temporary build of this identity is a dead process's leftover.
+        for stale in [*root.glob(f".{key}.tmp-*"), *root.glob(f".{key}.trash-*")]:
+            # We hold the lock, so any temporary build (or half-deleted bad cache) of this identity is
+            # a dead process's leftover.
             shutil.rmtree(stale, ignore_errors=True)
         tokenizer_files = resolve_files(cfg.get("tokenizer") or {})
         tmp = root / f".{key}.tmp-{os.getpid()}"
