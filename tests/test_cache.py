@@ -397,9 +397,11 @@ def test_a_dead_builders_complete_temp_dir_is_never_used(make_cfg, cache_root):
     stale = cache_root / f".{key}.tmp-999999"
     shutil.move(cache.directory, stale)
     _flip_byte(stale / "train.bin")  # anything it held must not leak into the new cache
+    trash = cache_root / f".{key}.trash-999998"  # a kill while a bad cache was being deleted
+    (trash / "sub").mkdir(parents=True)
     rebuilt = prepare_cache(cfg, progress=False)
     assert rebuilt.directory == cache.directory
-    assert not stale.exists()
+    assert not stale.exists() and not trash.exists()
     assert rebuilt.manifest["splits"] == cache.manifest["splits"]
     no_leftovers(cache_root)
 
@@ -516,6 +518,23 @@ def test_jsonl_row_without_text(tmp_path, corpus_texts):
     path.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"body": "no text here"}) + "\n")
     with pytest.raises(SourceError, match=r"partial\.jsonl.*row 1"):
         prepare_cache(compose(*local_overrides([path])), progress=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("junk.parquet", b"PAR1 this is not a parquet file at all"),
+        ("broken.jsonl", b'{"text": "fine"}\n{"text": "no closing quote}\n'),
+        ("surrogate.jsonl", b'{"text": "fine"}\n{"text": "lone \\ud800 surrogate"}\n'),
+    ],
+)
+def test_unreadable_file_is_a_source_error_naming_it(tmp_path, cache_root, name, content):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(SourceError) as info:
+        prepare_cache(compose(*local_overrides([path])), progress=False)
+    assert str(path) in str(info.value)
+    no_leftovers(cache_root)
 
 
 @pytest.mark.parametrize("name", ["corpus.csv", "corpus.txt", "corpus.parquet.gz"])
