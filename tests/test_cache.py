@@ -527,6 +527,7 @@ def test_jsonl_row_without_text(tmp_path, corpus_texts):
         ("broken.jsonl", b'{"text": "fine"}\n{"text": "no closing quote}\n'),
         ("surrogate.jsonl", b'{"text": "fine"}\n{"text": "lone \\ud800 surrogate"}\n'),
     ],
+    ids=["corrupt-parquet", "broken-jsonl", "lone-surrogate-jsonl"],
 )
 def test_unreadable_file_is_a_source_error_naming_it(tmp_path, cache_root, name, content):
     path = tmp_path / name
