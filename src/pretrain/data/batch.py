@@ -57,13 +57,14 @@ class PackedBatch:
         return float("nan") if slots == 0 else self.real_tokens / slots
 
     def to(self, device, non_blocking: bool = False) -> PackedBatch:
+        """Token tensors move; `cu_seqlens` stays on the host, where the model validates it and plans
+        attention without a device sync, then copies it to the device once per batch."""
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         return replace(
             self,
             input_ids=move(self.input_ids),
             targets=move(self.targets),
             position_ids=move(self.position_ids),
-            cu_seqlens=move(self.cu_seqlens),
         )
 
 

@@ -32,12 +32,14 @@ def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
 
 
 class PretrainModule(L.LightningModule):
-    def __init__(self, model: dict, train: dict, attn_backend: str, max_seq_len: int, cache_key: str):
+    def __init__(
+        self, model: dict, train: dict, attn_backend: str, max_seq_len: int, cache_key: str, attn_compile="auto"
+    ):
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
         self.gpt_config = GPTConfig.from_mapping(model)
-        self.model = GPT(self.gpt_config, attn=attn_backend)
+        self.model = GPT(self.gpt_config, attn=attn_backend, flex_compile=attn_compile)
         self.train_cfg = train
         self.tokens_seen = 0  # real tokens trained on, all ranks; restored from the checkpoint
         self._last_step_end: float | None = None
@@ -49,6 +51,7 @@ class PretrainModule(L.LightningModule):
             model=OmegaConf.to_container(cfg.model, resolve=True),
             train=OmegaConf.to_container(cfg.train, resolve=True),
             attn_backend=attn_backend,
+            attn_compile=cfg.attn.get("compile", "auto"),
             max_seq_len=int(cfg.data.max_seq_len),
             cache_key=cache_key,
         )
