@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,6 +189,8 @@ def build_cache(cfg, directory: Path, tokenizer_files: TokenizerFiles, *, progre
     """Tokenize the source into `directory` (which must be new) and write the manifest last."""
     identity = cache_identity(cfg)
     tokenizer = build_tokenizer(tokenizer_files, special_tokens=False)
+    # The same ids without the character offsets, which the cache does not keep: ~20% faster.
+    encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     split_cfg = identity["split"]
     budgets = identity["budget"]
     writers = {s: SplitWriter(directory, s, budgets[f"{s}_tokens"]) for s in SPLITS}
@@ -197,40 +200,59 @@ def build_cache(cfg, directory: Path, tokenizer_files: TokenizerFiles, *, progre
     bar, total = _progress(progress, total)
     started = time.perf_counter()
     eos = np.array([EOS_TOKEN_ID], dtype=np.uint32)
+
+    def choose(batch: list[Document]) -> list[tuple[str, str, str]]:
+        """(id, split, text) of the batch's documents still wanted: blanks, duplicates and full splits skipped."""
+        chosen = []
+        for doc in batch:
+            stats.read += 1
+            if not doc.text.strip():
+                stats.empty += 1
+                continue
+            digest = hashlib.sha256(doc.text.encode())
+            if digest.digest() in seen:
+                stats.duplicates += 1
+                continue
+            seen.add(digest.digest())
+            doc_id = digest.hexdigest()
+            split = document_split(doc_id, split_cfg["seed"], split_cfg["validation_fraction"])
+            if writers[split].full:
+                stats.over_budget += 1
+                continue
+            chosen.append((doc_id, split, doc.text))
+        return chosen
+
+    def write(chosen: list[tuple[str, str, str]], encodings) -> None:
+        for (doc_id, split, _), encoding in zip(chosen, encodings, strict=True):
+            writer = writers[split]
+            if writer.full:  # the budget filled earlier in this batch (or while it was tokenized ahead)
+                stats.over_budget += 1
+                continue
+            writer.write(doc_id, np.concatenate([np.asarray(encoding.ids, dtype=np.uint32), eos]))
+        produced = sum(w.tokens for w in writers.values())
+        rate = produced / max(time.perf_counter() - started, 1e-9)
+        bar.update(task, completed=produced, docs=sum(w.documents for w in writers.values()), rate=rate)
+
     try:
-        with bar:
+        # One batch is tokenized ahead in a worker thread (encode_batch releases the GIL), so that the
+        # Python work of choosing and writing overlaps tokenizing instead of leaving cores idle.
+        with bar, ThreadPoolExecutor(max_workers=1, thread_name_prefix="pretrain-tokenizer") as pool:
             task = bar.add_task("prepare", total=total, docs=0, rate=0.0)
+            pending = None  # (chosen, future) of the previous batch
             for batch in _prefetch(_batches(iter_documents(cfg.source))):
-                chosen = []
-                for doc in batch:
-                    stats.read += 1
-                    if not doc.text.strip():
-                        stats.empty += 1
-                        continue
-                    digest = hashlib.sha256(doc.text.encode())
-                    if digest.digest() in seen:
-                        stats.duplicates += 1
-                        continue
-                    seen.add(digest.digest())
-                    doc_id = digest.hexdigest()
-                    split = document_split(doc_id, split_cfg["seed"], split_cfg["validation_fraction"])
-                    if writers[split].full:
-                        stats.over_budget += 1
-                        continue
-                    chosen.append((doc_id, split, doc.text))
+                chosen = choose(batch)
                 # The literal text "<|endoftext|>" inside a document stays text: only our EOS separates documents.
-                encodings = tokenizer.encode_batch([text for _, _, text in chosen], add_special_tokens=False)
-                for (doc_id, split, _), encoding in zip(chosen, encodings, strict=True):
-                    writer = writers[split]
-                    if writer.full:  # the budget filled earlier in this batch
-                        stats.over_budget += 1
-                        continue
-                    writer.write(doc_id, np.concatenate([np.asarray(encoding.ids, dtype=np.uint32), eos]))
-                produced = sum(w.tokens for w in writers.values())
-                elapsed = time.perf_counter() - started
-                bar.update(task, completed=produced, docs=sum(w.documents for w in writers.values()), rate=produced / max(elapsed, 1e-9))
-                if all(w.full for w in writers.values()):
-                    break  # stop reading the source: both budgets are met
+                future = pool.submit(encode_batch, [text for _, _, text in chosen], add_special_tokens=False)
+                if pending is not None:
+                    write(pending[0], pending[1].result())
+                    if all(w.full for w in writers.values()):
+                        future.cancel()
+                        stats.over_budget += len(chosen)  # tokenized ahead, not needed
+                        pending = None
+                        break  # stop reading the source: both budgets are met
+                pending = (chosen, future)
+            if pending is not None:
+                write(pending[0], pending[1].result())
     except BaseException:
         for writer in writers.values():
             writer.abort()
