@@ -39,6 +39,7 @@ from pretrain.data import prepare as prepare_module
 from pretrain.data.cache import CacheError, cache_identity, identity_key, open_cache, verify_cache
 from pretrain.data.prepare import BATCH_CHARS, prepare_cache
 from pretrain.data.sources import Document, SourceError
+from pretrain.data.tokenizer import bundled_files
 
 FILES = {"train.bin", "train.jsonl", "validation.bin", "validation.jsonl", "manifest.json"}
 FRACTION = 0.2  # enough validation documents in a small corpus
@@ -121,7 +122,13 @@ def test_manifest_records_the_tokenizer_files(make_cfg):
     assert files["vocab_sha256"] == sha256(data / "encoder.json")
     assert files["merges_sha256"] == sha256(data / "vocab.bpe")
     identity = cache.manifest["identity"]
-    assert identity["tokenizer"] == {"name": "openai-community/gpt2", "revision": "607a30d783dfa663caf39e06633721c8d4cfcd7e"}
+    assert identity["tokenizer"]["name"] == "openai-community/gpt2"
+    assert identity["tokenizer"]["revision"] == "607a30d783dfa663caf39e06633721c8d4cfcd7e"
+    vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
+    text = (data / "vocab.bpe").read_text(encoding="utf-8")
+    merges = [line for line in text.split("\n") if line.strip() and not line.startswith("#version")]  # "# #" is a merge
+    content = json.dumps({"vocab": vocab, "merges": merges}, sort_keys=True, ensure_ascii=False)
+    assert identity["tokenizer"]["content_sha256"] == hashlib.sha256(content.encode()).hexdigest()
     assert identity["dtype"] == "uint32" and identity["eos_token_id"] == EOS
 
 
@@ -560,3 +567,17 @@ def test_blank_and_tricky_texts_only(tmp_path):
     expected = expected_cache(TRICKY_TEXTS * 2)
     assert_matches(cache.directory, expected)
     assert cache.manifest["build"]["empty_skipped"] == expected["stats"]["empty"] == 6
+
+
+def test_tokenizer_files_are_part_of_the_identity(make_cfg, tmp_path):
+    bundled = bundled_files()
+    vocab, merges = tmp_path / "vocab.json", tmp_path / "merges.txt"
+    vocab.write_bytes(bundled.vocab.read_bytes())
+    merges.write_bytes(bundled.merges.read_bytes())
+    user = {"tokenizer.source": "files", "tokenizer.vocab_file": str(vocab), "tokenizer.merges_file": str(merges)}
+    # The same vocabulary and merges under other names: the same ids, the same cache.
+    assert identity_key(cache_identity(make_cfg(**user))) == identity_key(cache_identity(make_cfg()))
+    # One merge rule fewer changes the ids that BPE makes: a new identity, never a silent reuse.
+    lines = bundled.merges.read_text(encoding="utf-8").splitlines()
+    merges.write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
+    assert identity_key(cache_identity(make_cfg(**user))) != identity_key(cache_identity(make_cfg()))

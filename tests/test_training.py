@@ -136,17 +136,17 @@ def test_update_loss_is_token_weighted_whatever_the_accumulation_split():
     # Reference: one big batch, mean over all real targets.
     model = _tiny_model()
     whole = _microbatches(split, packs, 8)[0]
-    expected = model.token_losses(whole).sum() / whole.num_targets
+    expected = (model.token_losses(whole).sum() / whole.num_targets).item()
     assert results[0].num_targets == whole.num_targets == sum(int(length.sum()) for _, length in packs)
     for result, grad in zip(results, grads, strict=True):
-        assert result.loss == pytest.approx(float(expected), rel=1e-12)
+        assert result.loss == pytest.approx(expected, rel=1e-12)
         for name in grads[0]:
             torch.testing.assert_close(grad[name], grads[0][name], rtol=1e-10, atol=1e-12)
 
     # Teeth: the microbatch-mean that Lightning's accumulation would give is different here.
     mbs = _microbatches(split, packs, 2)
-    naive = np.mean([float(model.token_losses(mb).sum() / mb.num_targets) for mb in mbs])
-    assert abs(naive - float(expected)) > 1e-4
+    naive = np.mean([(model.token_losses(mb).sum() / mb.num_targets).item() for mb in mbs])
+    assert abs(naive - expected) > 1e-4
 
 
 def _rank_worker(rank: int, world: int, init_file: str, out_dir: str):

@@ -1,25 +1,38 @@
-"""Data: sources, tokenizer, split, cache, chunking, policies, batches."""
+"""Data: sources, tokenizer, split, cache, chunking, policies, batches.
 
-from .batch import IGNORE_INDEX, PackedBatch, collate_packed, gather_packed, gather_padded
-from .chunking import Chunk, ChunkTable, chunk_table, split_tokens
-from .samplers import Sampler, build_sampler
-from .split import document_id, document_split
-from .tokens import EOS_TOKEN_ID, TokenSplit
+Exports resolve lazily, so `pretrain prepare` (which needs no torch) does not pay for importing it.
+"""
 
-__all__ = [
-    "EOS_TOKEN_ID",
-    "IGNORE_INDEX",
-    "Chunk",
-    "ChunkTable",
-    "PackedBatch",
-    "Sampler",
-    "TokenSplit",
-    "build_sampler",
-    "chunk_table",
-    "collate_packed",
-    "document_id",
-    "document_split",
-    "gather_packed",
-    "gather_padded",
-    "split_tokens",
-]
+from importlib import import_module
+
+_EXPORTS = {
+    "EOS_TOKEN_ID": "tokens",
+    "TokenSplit": "tokens",
+    "IGNORE_INDEX": "batch",
+    "PackedBatch": "batch",
+    "collate_packed": "batch",
+    "gather_packed": "batch",
+    "gather_padded": "batch",
+    "Chunk": "chunking",
+    "ChunkTable": "chunking",
+    "chunk_table": "chunking",
+    "split_tokens": "chunking",
+    "Sampler": "samplers",
+    "build_sampler": "samplers",
+    "document_id": "split",
+    "document_split": "split",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

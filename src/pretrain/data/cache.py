@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .sources import source_identity
+from .tokenizer import resolve_files
 from .tokens import EOS_TOKEN_ID, TokenSplit
 
 FORMAT_VERSION = 1
@@ -61,7 +62,12 @@ def cache_identity(cfg) -> dict:
     return {
         "format": FORMAT_VERSION,
         "source": source_identity(cfg.source),
-        "tokenizer": {"name": tokenizer.get("name"), "revision": tokenizer.get("revision")},
+        "tokenizer": {
+            "name": tokenizer.get("name"),
+            "revision": tokenizer.get("revision"),
+            # What makes the ids: other vocabulary or merges files must never reuse this cache.
+            "content_sha256": resolve_files(tokenizer).content_sha256(),
+        },
         "split": {
             "seed": _setting("split.seed", split.get("seed", 20261003), int),
             "validation_fraction": _setting(

@@ -8,6 +8,7 @@ of the files that made them. `<|endoftext|>` is registered as the special token 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,16 @@ class TokenizerFiles:
     vocab: Path
     merges: Path
     origin: str  # "bundled", "hub" or "files"
+
+    def content_sha256(self) -> str:
+        """sha256 of the parsed vocabulary and merge rules, so that the same tokenizer in another
+        file format (encoder.json/vocab.bpe vs vocab.json/merges.txt) has the same identity."""
+        vocab = json.loads(self.vocab.read_text(encoding="utf-8"))
+        merges = [
+            line for line in self.merges.read_text(encoding="utf-8").split("\n") if line.strip() and not line.startswith("#version")
+        ]
+        payload = json.dumps({"vocab": vocab, "merges": merges}, sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(payload.encode()).hexdigest()
 
     def fingerprint(self) -> dict:
         return {

@@ -36,6 +36,8 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*ModelCheckpoint with manual optimization.*")
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
     warnings.filterwarnings("ignore", message=".*Experiment logs directory .* exists and is not empty.*")
+    # A resumed run writes to its own new output directory; nothing of the old one's top-k applies.
+    warnings.filterwarnings("ignore", message=".*The dirpath has changed from.*")
 
 
 def _output_dir(cfg) -> Path:
