@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.chunking import check_max_seq_len
+from ..data.policies import PolicySettings
 from ..model import GPTConfig
 from ..model.attention import check_backend, resolve_backend
 
@@ -33,17 +33,10 @@ def compute_dtype(trainer_cfg) -> torch.dtype:
 
 
 def check_batching(cfg) -> None:
-    train = cfg.train
-    check_max_seq_len(cfg.data.max_seq_len)
-    if train.get("batch_size") is not None and train.get("microbatch_tokens") is not None:
-        raise ValueError(
-            "set only one of train.batch_size and train.microbatch_tokens "
-            "(e.g. train.batch_size=null train.microbatch_tokens=16384)"
-        )
-    if train.get("batch_size") is None and train.get("microbatch_tokens") is None:
-        raise ValueError("set train.batch_size (packs per microbatch) or train.microbatch_tokens")
-    for key in ("accumulation", "max_steps", "val_every_n_steps", "checkpoint_every_n_steps"):
-        value = train.get(key)
+    """Data settings (max_seq_len, batch sizing, policy options) as the samplers will read them."""
+    PolicySettings.from_cfg(cfg)
+    for key in ("max_steps", "val_every_n_steps", "checkpoint_every_n_steps"):
+        value = cfg.train.get(key)
         if value is not None and int(value) < 1:
             raise ValueError(f"train.{key} must be >= 1, got {value}")
 
