@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .files import sha256_file
 from .sources import source_identity
 from .tokenizer import resolve_files
 from .tokens import EOS_TOKEN_ID, TokenSplit
@@ -95,14 +96,6 @@ def manifest_checksum(manifest: dict) -> str:
     """sha256 over the manifest without its own checksum: an edited manifest is detected."""
     body = {k: v for k, v in manifest.items() if k != "checksum"}
     return hashlib.sha256(canonical_json(body).encode()).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def split_files(split: str) -> tuple[str, str]:

@@ -7,7 +7,6 @@ row so that a bad record can be reported precisely. Sources stream: nothing is r
 from __future__ import annotations
 
 import ast
-import hashlib
 import os
 import socket
 import sys
@@ -15,6 +14,8 @@ import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from .files import sha256_file
 
 FINEWEB_PATH = "HuggingFaceFW/fineweb"
 FINEWEB_CONFIG = "sample-10BT"
@@ -151,13 +152,7 @@ def _local_paths(files) -> list[Path]:
 
 def local_identity(files) -> dict:
     # Content, not names, identifies the corpus: a changed file must not reuse an old cache.
-    entries = []
-    for path in _local_paths(files):
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        entries.append({"name": path.name, "sha256": digest.hexdigest()})
+    entries = [{"name": path.name, "sha256": sha256_file(path)} for path in _local_paths(files)]
     return {"kind": "local", "files": entries}
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from .files import sha256_file
+
 EOS_TEXT = "<|endoftext|>"
 EOS_TOKEN_ID = 50256
 GPT2_REPO = "openai-community/gpt2"
@@ -44,17 +46,9 @@ class TokenizerFiles:
     def fingerprint(self) -> dict:
         return {
             "origin": self.origin,
-            "vocab_sha256": _sha256_file(self.vocab),
-            "merges_sha256": _sha256_file(self.merges),
+            "vocab_sha256": sha256_file(self.vocab),
+            "merges_sha256": sha256_file(self.merges),
         }
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def bundled_files() -> TokenizerFiles:
