@@ -6,7 +6,6 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
 export HF_HUB_DISABLE_TELEMETRY := 1
-export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install test test-all bench lint train sweep gpu-check clean
 

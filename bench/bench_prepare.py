@@ -72,7 +72,10 @@ def _cpu_seconds() -> float:
 
 
 def _worker_prepare(parquet: str) -> dict:
-    import datasets  # noqa: F401  (imported lazily by the local source: a one-off start-up cost, not throughput)
+    # Imported lazily by the local source: one-off start-up costs, not throughput. datasets imports
+    # torch (when installed) on its first load_dataset, ~0.8 s here.
+    import datasets  # noqa: F401
+    import torch  # noqa: F401
 
     from pretrain.data.prepare import prepare_cache
 

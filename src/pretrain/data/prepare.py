@@ -185,9 +185,11 @@ def _progress(enabled: bool, total: int | None):
     ), total
 
 
-def build_cache(cfg, directory: Path, tokenizer_files: TokenizerFiles, *, progress: bool = True) -> dict:
+def build_cache(
+    cfg, directory: Path, tokenizer_files: TokenizerFiles, *, progress: bool = True, identity: dict | None = None
+) -> dict:
     """Tokenize the source into `directory` (which must be new) and write the manifest last."""
-    identity = cache_identity(cfg)
+    identity = identity or cache_identity(cfg)
     tokenizer = build_tokenizer(tokenizer_files, special_tokens=False)
     # The same ids without the character offsets, which the cache does not keep: ~20% faster.
     encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
@@ -326,7 +328,7 @@ def prepare_cache(cfg, *, progress: bool = True) -> Cache:
         tmp = root / f".{key}.tmp-{os.getpid()}"
         tmp.mkdir()
         try:
-            manifest = build_cache(cfg, tmp, tokenizer_files, progress=progress)
+            manifest = build_cache(cfg, tmp, tokenizer_files, progress=progress, identity=identity)
             _fsync_dir(tmp)
             os.rename(tmp, directory)
             _fsync_dir(root)
