@@ -71,6 +71,7 @@ class PretrainDataModule(L.LightningDataModule):
         self.val_sampler = None
         self._trained_state: dict | None = None  # sampler state after the last trained update
         self._resume_state: dict | None = None  # from a checkpoint, applied when the sampler is built
+        self._resume_validation: dict | None = None
 
     @property
     def cache_key(self) -> str:
@@ -90,6 +91,14 @@ class PretrainDataModule(L.LightningDataModule):
         if self.val_sampler is None:
             self.val_sampler = build_sampler(self.cfg, self.cache.split("validation"), train=False, **common)
 
+    def val_sampler_ready(self):
+        """The validation sampler, with the checkpoint's state applied once (its order is fixed, so
+        this only re-checks that the validation settings did not change)."""
+        if self._resume_validation is not None:
+            self.val_sampler.load_state_dict(copy.deepcopy(self._resume_validation))
+            self._resume_validation = None
+        return self.val_sampler
+
     def train_dataloader(self) -> DataLoader:
         if self._resume_state is not None:
             self.train_sampler.load_state_dict(copy.deepcopy(self._resume_state))
@@ -101,7 +110,13 @@ class PretrainDataModule(L.LightningDataModule):
         self._trained_state = sampler_state
 
     def state_dict(self) -> dict:
-        return {"format": STATE_FORMAT, "cache_key": self.cache_key, "train_sampler": self._trained_state}
+        validation = self.val_sampler.state_dict() if self.val_sampler is not None else None
+        return {
+            "format": STATE_FORMAT,
+            "cache_key": self.cache_key,
+            "train_sampler": self._trained_state,
+            "validation_sampler": validation,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("cache_key") not in (None, self.cache_key):
@@ -110,3 +125,4 @@ class PretrainDataModule(L.LightningDataModule):
                 "resume with the same source, tokenizer, split and budget settings"
             )
         self._resume_state = state.get("train_sampler")
+        self._resume_validation = state.get("validation_sampler")

@@ -139,7 +139,7 @@ class PretrainModule(L.LightningModule):
 
     @torch.no_grad()
     def validation_loss(self) -> float:
-        sampler = self.trainer.datamodule.val_sampler
+        sampler = self.trainer.datamodule.val_sampler_ready()
         was_training = self.model.training
         self.model.eval()
         sums = torch.zeros(2, dtype=torch.float64, device=self.device)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
 from omegaconf import OmegaConf
 
 from ..data.cache import cache_identity, identity_key
@@ -49,6 +49,13 @@ def _output_dir(cfg) -> Path:
         return Path(cfg.get("output_dir") or "outputs/manual").resolve()
 
 
+class StepProgressBar(RichProgressBar):
+    """Training runs by optimizer steps, not epochs: say so instead of "Epoch 0/-2"."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        return f"train (max {self.trainer.max_steps} steps)"
+
+
 def build_trainer(cfg, output_dir: Path, callbacks=()) -> L.Trainer:
     t = cfg.train
     every = int(t.checkpoint_every_n_steps or 0)
@@ -73,7 +80,7 @@ def build_trainer(cfg, output_dir: Path, callbacks=()) -> L.Trainer:
         num_sanity_val_steps=0,
         log_every_n_steps=int(t.log_every_n_steps),
         logger=build_loggers(cfg, output_dir),
-        callbacks=[checkpoints, *callbacks],
+        callbacks=[checkpoints, StepProgressBar(), *callbacks] if cfg.get("progress_bar", True) else [checkpoints, *callbacks],
         default_root_dir=str(output_dir),
         deterministic=bool(t.get("deterministic", False)),
         use_distributed_sampler=False,  # our samplers split packs over ranks themselves
