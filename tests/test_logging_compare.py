@@ -91,3 +91,24 @@ def test_compare_cli_errors_clearly_on_a_directory_without_runs(tmp_path):
     )
     assert proc.returncode == 2
     assert "no metrics.csv" in proc.stderr
+
+
+def test_multirun_jobs_get_their_own_wandb_run_grouped_by_the_sweep(offline_env):
+    sweep = offline_env / "outputs" / "multirun" / "day" / "sweepA"
+    env = {k: v for k, v in os.environ.items()}
+    proc = subprocess.run(
+        [
+            sys.executable, "train.py", "--multirun", "experiment=smoke", "logger=wandb", "data=padded,bestfit",
+            "train.max_steps=2", "progress_bar=false", f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [next((sweep / job / "wandb").glob("offline-run-*/*.wandb")).read_bytes() for job in ("0", "1")]
+    assert records[0] != records[1]  # one W&B run per job, not the first job's run reused
+    for blob, policy in zip(records, ("padded", "bestfit"), strict=True):
+        assert b"day/sweepA" in blob  # the group: the sweep directory
+        assert f"policy:{policy}".encode() in blob
+    # ... and the comparison reads the whole multirun.
+    png = compare([sweep], quiet=True)
+    assert png == (sweep / "compare.png").resolve() and png.exists()
