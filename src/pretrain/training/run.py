@@ -97,15 +97,19 @@ def train(cfg, callbacks=()) -> dict:
     cache_key = identity_key(cache_identity(cfg))
     backend = check_config(cfg, cache_key)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
-    if cfg.train.get("deterministic"):
-        torch.use_deterministic_algorithms(True)
     datamodule = PretrainDataModule(cfg)
     module = PretrainModule.from_config(cfg, attn_backend=backend, cache_key=cache_key)
     if cfg.get("record_batches"):
         callbacks = [*callbacks, BatchRecorder(output_dir)]
     trainer = build_trainer(cfg, output_dir, callbacks)
     started = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    deterministic_before = torch.are_deterministic_algorithms_enabled()
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    finally:
+        # Trainer(deterministic=True) flips a process-wide torch flag; later jobs in this process
+        # (a multirun, a notebook) must not inherit it.
+        torch.use_deterministic_algorithms(deterministic_before)
     last = output_dir / "checkpoints" / "last.ckpt"
     trainer.save_checkpoint(last)
     summary = {
