@@ -30,8 +30,20 @@ class _DropNoise(logging.Filter):
 
 def quiet_lightning() -> None:
     """Drop Lightning's advertising and messages that do not apply to how we use it."""
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    for name in (
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.fabric.utilities.rank_zero",
+        "lightning.pytorch.trainer.connectors.checkpoint_connector",
+    ):
         logging.getLogger(name).addFilter(_DropNoise())
+    if logging.getLogger().handlers:
+        # Under Hydra the root logger already prints (and writes train.log): Lightning's own console
+        # handler would print every message a second time.
+        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+            lightning_logger = logging.getLogger(name)
+            for handler in list(lightning_logger.handlers):
+                if type(handler) is logging.StreamHandler:
+                    lightning_logger.removeHandler(handler)
     # Manual optimization: the checkpoint must hold the state *after* the update, which is what it gets.
     warnings.filterwarnings("ignore", message=".*ModelCheckpoint with manual optimization.*")
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
