@@ -325,3 +325,15 @@ def run_prepare(cache_root: Path, *overrides: str, timeout: float = 120, **env) 
         text=True,
         timeout=timeout,
     )
+
+
+def policy_cfg(policy: str, *overrides: str):
+    """The root config as Hydra would compose it for data=<policy>, plus dotlist overrides (no
+    source or tokenizer needed: for sampler tests on in-memory splits)."""
+    from omegaconf import OmegaConf
+
+    root = OmegaConf.load(REPO / "conf" / "train.yaml")
+    for key in ("defaults", "hydra"):
+        root.pop(key, None)
+    root.data = OmegaConf.load(REPO / "conf" / "data" / f"{policy}.yaml")
+    return OmegaConf.merge(root, OmegaConf.from_dotlist(list(overrides)))

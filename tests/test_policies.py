@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import policy_cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from omegaconf import OmegaConf
 
 from pretrain.data import packing, policies
 from pretrain.data.batch import IGNORE_INDEX, PAD_TOKEN_ID
@@ -25,16 +24,7 @@ from pretrain.data.policies import load_or_build_packs, packs_path
 from pretrain.data.samplers import build_sampler
 from pretrain.data.tokens import EOS_TOKEN_ID, TokenSplit
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def make_cfg(policy: str, *overrides: str):
-    """The root config as Hydra would compose it for data=<policy>, plus dotlist overrides."""
-    root = OmegaConf.load(ROOT / "conf" / "train.yaml")
-    for key in ("defaults", "hydra"):
-        root.pop(key, None)
-    root.data = OmegaConf.load(ROOT / "conf" / "data" / f"{policy}.yaml")
-    return OmegaConf.merge(root, OmegaConf.from_dotlist(list(overrides)))
+make_cfg = policy_cfg
 
 
 # --- reference implementations, written independently of the code under test -------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import policy_cfg
 from omegaconf import OmegaConf
 
 from pretrain.data.samplers import build_sampler
@@ -27,13 +28,7 @@ CASES = {
 }
 
 
-def make_cfg(policy: str, *overrides: str):
-    """The root config as Hydra would compose it for data=<policy>, plus dotlist overrides."""
-    root = OmegaConf.load(ROOT / "conf" / "train.yaml")
-    for key in ("defaults", "hydra"):
-        root.pop(key, None)
-    root.data = OmegaConf.load(ROOT / "conf" / "data" / f"{policy}.yaml")
-    return OmegaConf.merge(root, OmegaConf.from_dotlist(list(overrides)))
+make_cfg = policy_cfg
 
 
 def case_cfg(case: str, *extra: str):
