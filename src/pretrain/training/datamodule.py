@@ -78,8 +78,9 @@ class PretrainDataModule(L.LightningDataModule):
         return identity_key(cache_identity(self.cfg))
 
     def prepare_data(self) -> None:
-        # Local rank 0 first; the other ranks wait on the cache's file lock in setup() and reuse it.
-        prepare_cache(self.cfg)
+        # Local rank 0 builds or verifies; the other ranks verify in setup() (the file lock makes
+        # them wait for a build). Kept so that this process does not hash the files twice.
+        self.cache = prepare_cache(self.cfg)
 
     def setup(self, stage: str | None = None) -> None:
         if self.cache is None:
