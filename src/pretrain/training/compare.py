@@ -112,43 +112,49 @@ def markdown_table(runs: list[Run]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _short(label: str) -> str:
+    """`data=padded train.batch_size=2` -> `padded batch_size=2`: room for the numbers."""
+    return " ".join(w.removeprefix("data=").removeprefix("data.").removeprefix("train.") for w in label.split(" "))
+
+
 def plot(runs: list[Run], output: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    ax = axes[0, 0]
-    for i, run in enumerate(runs):
-        color = colors[i % len(colors)]
+    fig = plt.figure(figsize=(15, 10))
+    grid = fig.add_gridspec(2, 3, height_ratios=[1.2, 1])
+    colors = [plt.rcParams["axes.prop_cycle"].by_key()["color"][i % 10] for i in range(len(runs))]
+    labels = [_short(run.label) for run in runs]
+    ax = fig.add_subplot(grid[0, :])
+    for run, label, color in zip(runs, labels, colors, strict=True):
         train = np.array(run.series.get("train/loss", []))
         if len(train):
-            ax.plot(train[:, 0], train[:, 1], color=color, alpha=0.8, label=run.label)
+            ax.plot(train[:, 0], train[:, 1], color=color, alpha=0.8, label=label)
         val = np.array(run.series.get("val/loss", []))
         if len(val):
-            ax.plot(val[:, 0], val[:, 1], "o--", color=color, markersize=4)
-    ax.set(xlabel="real tokens seen", ylabel="loss (lines: train, dots: validation)", title="loss against real tokens")
-    ax.legend(fontsize=7, loc="upper right", framealpha=0.6)
-    labels = [run.label for run in runs]
+            ax.plot(val[:, 0], val[:, 1], "o--", color=color, markersize=5)
+    ax.set(xlabel="real tokens seen", ylabel="loss (lines: train, dots: validation)", title="loss against real tokens seen")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     y = np.arange(len(runs))
-    for ax, metric, title, fmt in (
-        (axes[0, 1], "train/padding_waste", "padding waste (pad rows / computed rows)", "{:.1%}"),
-        (axes[1, 0], "train/tokens_per_sec", "real tokens / s (median)", "{:,.0f}"),
-        (axes[1, 1], "train/pack_utilization", "pack utilization (real / packs x capacity)", "{:.1%}"),
-    ):
-        values = [
-            float(np.median(run.values(metric))) if metric == "train/tokens_per_sec" and len(run.values(metric)) else run.mean(metric)
-            for run in runs
-        ]
-        bars = ax.barh(y, values, color=[colors[i % len(colors)] for i in range(len(runs))])
-        ax.set_yticks(y, labels, fontsize=7)
-        ax.set_title(title)
+    panels = (
+        ("train/padding_waste", "padding waste (pad rows / computed rows)", "{:.1%}", np.mean),
+        ("train/tokens_per_sec", "real tokens / s (median)", "{:,.0f}", np.median),
+        ("train/pack_utilization", "pack utilization (real / packs x capacity)", "{:.1%}", np.mean),
+    )
+    for column, (metric, title, fmt, reduce) in enumerate(panels):
+        ax = fig.add_subplot(grid[1, column])
+        values = [float(reduce(run.values(metric))) if len(run.values(metric)) else math.nan for run in runs]
+        bars = ax.barh(y, values, color=colors)
+        ax.set_yticks(y, labels if column == 0 else [""] * len(runs), fontsize=8)
+        ax.invert_yaxis()  # the legend's order, top to bottom
+        ax.set_title(title, fontsize=10)
         ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=7)
+        ax.margins(x=0.2)
     fig.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=110)
+    fig.savefig(output, dpi=100)
     plt.close(fig)
 
 
