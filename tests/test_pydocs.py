@@ -17,12 +17,11 @@ from pretrain.data import sources
 from pretrain.data.cache import cache_identity, identity_key
 from pretrain.data.prepare import prepare_cache
 
-# A child process reads the corpus with sources.py loaded on its own (stdlib only: no torch import).
+# A child process (another hash seed) reads the corpus on its own; pretrain.data imports lazily,
+# so this pulls in the source module only (no torch).
 _CHILD = """
-import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("sources_under_test", {path!r})
-sources = sys.modules["sources_under_test"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sources)
+import json, sys
+from pretrain.data import sources
 json.dump([[d.origin, d.text] for d in sources.pydocs_documents()], sys.stdout)
 """
 
