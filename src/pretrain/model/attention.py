@@ -121,7 +121,9 @@ def plan_sdpa(lengths: np.ndarray, device: torch.device | str, per_octave: int =
     owner = np.repeat(np.arange(len(order)), width)
     col = np.arange(total, dtype=np.int64) - base[owner]
     seg_len = lengths[order][owner]
-    gather = np.where(col < seg_len, starts[order][owner] + col, num_tokens)  # num_tokens = the zero row
+    # Pad slots may read any real row: they sit after their segment's real tokens, so causal masking
+    # keeps every real query off them, and their own outputs are dropped by `scatter` (zero gradient).
+    gather = np.where(col < seg_len, starts[order][owner] + col, 0)
     base_of = np.zeros(len(lengths), dtype=np.int64)
     base_of[order] = base
     token_seg = np.repeat(np.arange(len(lengths)), lengths)
@@ -144,14 +146,13 @@ def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: int, w
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: SdpaPlan) -> torch.Tensor:
     """Causal attention within each segment with `F.scaled_dot_product_attention`; (T,H,D) -> (T,H,D)."""
-    num_tokens, heads, dim = q.shape
+    num_tokens = q.shape[0]
     if num_tokens == 0:
         return q.new_empty(q.shape)
     if plan.uniform_width:
         return _causal_sdpa(q, k, v, num_tokens // plan.uniform_width, plan.uniform_width)
-    zero = q.new_zeros(1, heads, dim)
     sizes = [n * w for n, w in plan.buckets]
-    parts = [torch.cat([x, zero.to(x.dtype)]).index_select(0, plan.gather).split(sizes) for x in (q, k, v)]
+    parts = [x.index_select(0, plan.gather).split(sizes) for x in (q, k, v)]
     outs = [_causal_sdpa(qb, kb, vb, n, w) for (n, w), qb, kb, vb in zip(plan.buckets, *parts, strict=True)]
     return torch.cat(outs).index_select(0, plan.scatter)
 

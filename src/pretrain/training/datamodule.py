@@ -63,19 +63,17 @@ def _as_is(item):
 
 
 class PretrainDataModule(L.LightningDataModule):
-    def __init__(self, cfg):
+    def __init__(self, cfg, cache_key: str | None = None):
         super().__init__()
         self.cfg = cfg
+        # The identity hashes local source files: computed once, not at every checkpoint.
+        self.cache_key = cache_key or identity_key(cache_identity(cfg))
         self.cache: Cache | None = None
         self.train_sampler = None
         self.val_sampler = None
         self._trained_state: dict | None = None  # sampler state after the last trained update
         self._resume_state: dict | None = None  # from a checkpoint, applied when the sampler is built
         self._resume_validation: dict | None = None
-
-    @property
-    def cache_key(self) -> str:
-        return identity_key(cache_identity(self.cfg))
 
     def prepare_data(self) -> None:
         # Local rank 0 builds or verifies; the other ranks verify in setup() (the file lock makes

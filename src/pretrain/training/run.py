@@ -109,7 +109,7 @@ def train(cfg, callbacks=()) -> dict:
     cache_key = identity_key(cache_identity(cfg))
     backend = check_config(cfg, cache_key)
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
-    datamodule = PretrainDataModule(cfg)
+    datamodule = PretrainDataModule(cfg, cache_key=cache_key)
     module = PretrainModule.from_config(cfg, attn_backend=backend, cache_key=cache_key)
     if cfg.get("record_batches"):
         callbacks = [*callbacks, BatchRecorder(output_dir)]
