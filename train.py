@@ -3,12 +3,18 @@
 import hydra
 from omegaconf import DictConfig
 
+from pretrain.config import register_schema
+
+register_schema()  # conf/train.yaml is typed by pretrain.config's schema
+
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from pretrain.training.cli import train_main
+    from pretrain.errors import exit_on_user_error
+    from pretrain.training.run import train
 
-    train_main(cfg)
+    with exit_on_user_error():
+        train(cfg)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,21 @@ def compose(*overrides: str):
     return load_config([*base_overrides(), *overrides])
 
 
+def cache_spec(cfg):
+    """The CacheSpec a run's entry builds from a composed config."""
+    from pretrain.config import to_config
+    from pretrain.data.cache import CacheSpec
+
+    return CacheSpec.from_config(to_config(cfg))
+
+
+def prepare(cfg, **kwargs):
+    """`prepare_cache` of a composed config, as `pretrain prepare` runs it."""
+    from pretrain.data.prepare import prepare_cache
+
+    return prepare_cache(cache_spec(cfg), **kwargs)
+
+
 def files_override(files) -> str:
     return "source.files=[" + ",".join(f"'{Path(f)}'" for f in files) + "]"
 
@@ -328,12 +343,39 @@ def run_prepare(cache_root: Path, *overrides: str, timeout: float = 120, **env) 
 
 
 def policy_cfg(policy: str, *overrides: str):
-    """The root config as Hydra would compose it for data=<policy>, plus dotlist overrides (no
-    source or tokenizer needed: for sampler tests on in-memory splits)."""
+    """PolicySettings as a run builds them for data=<policy> plus dotlist overrides, through the
+    typed schema (no source or tokenizer needed: for sampler tests on in-memory splits)."""
     from omegaconf import OmegaConf
 
-    root = OmegaConf.load(REPO / "conf" / "train.yaml")
-    for key in ("defaults", "hydra"):
-        root.pop(key, None)
-    root.data = OmegaConf.load(REPO / "conf" / "data" / f"{policy}.yaml")
-    return OmegaConf.merge(root, OmegaConf.from_dotlist(list(overrides)))
+    from pretrain.config import Config
+    from pretrain.data.policies import PolicySettings
+
+    root = OmegaConf.merge(
+        OmegaConf.structured(Config),
+        {"data": OmegaConf.load(REPO / "conf" / "data" / f"{policy}.yaml")},
+        OmegaConf.from_dotlist(list(overrides)),
+    )
+    data, train = OmegaConf.to_object(root.data), OmegaConf.to_object(root.train)
+    return PolicySettings.from_config(data, train, root.seed)
+
+
+def settings_of(cfg):
+    """PolicySettings of a composed config, as the run's entry builds them."""
+    from pretrain.config import to_config
+    from pretrain.data.policies import PolicySettings
+
+    config = to_config(cfg)
+    return PolicySettings.from_config(config.data, config.train, config.seed)
+
+
+def split_of(documents, name: str = "train", eos: bool = True):
+    """An in-memory TokenSplit of token lists; appends EOS to each document unless `eos=False`."""
+    import numpy as np
+
+    from pretrain.arrays import prefix_sums
+    from pretrain.data.tokens import TokenSplit
+
+    docs = [list(d) + ([EOS] if eos else []) for d in documents]
+    lengths = np.array([len(d) for d in docs], dtype=np.int64)
+    tokens = np.array([t for d in docs for t in d], dtype=np.uint32)
+    return TokenSplit(tokens=tokens, offsets=prefix_sums(lengths)[:-1], lengths=lengths, name=name)

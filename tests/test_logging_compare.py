@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pretrain.config import load_config
-from pretrain.training.compare import compare, find_runs, load_run
+from pretrain.report.compare import compare, find_runs, load_run
 from pretrain.training.run import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ def offline_env(tmp_path, monkeypatch, shared_cache):
 
 
 def _run(out: Path, *overrides: str) -> dict:
-    cfg = load_config(["experiment=smoke", f"+output_dir={out}", "progress_bar=false", "train.max_steps=6", *overrides])
+    cfg = load_config(["experiment=smoke", f"output_dir={out}", "progress_bar=false", "train.max_steps=6", *overrides])
     return train(cfg)
 
 

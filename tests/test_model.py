@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from pretrain.data import IGNORE_INDEX, TokenSplit, collate_packed, gather_packed, gather_padded, split_tokens
-from pretrain.model import GPT, GPTConfig, build_model
+from pretrain.config import load_config, to_config
+from pretrain.model import GPT, GPTConfig
 from pretrain.model.loss import token_cross_entropy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,10 +221,14 @@ def test_varlen_on_cpu_fails_at_start_and_auto_runs_sdpa():
         small_model("flash")
 
 
-def model_node(name, max_seq_len):
-    root = OmegaConf.create({"data": {"max_seq_len": max_seq_len}})
-    root.model = OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml")
-    return root.model
+# GPT-2's published shapes (n_layer, n_head, d_model), and the tiny demo model.
+SIZES = {"tiny": (4, 4, 128), "gpt2-small": (12, 12, 768), "gpt2-medium": (24, 16, 1024)}
+
+
+def composed_model(name, max_seq_len, attn="sdpa"):
+    """GPTConfig and attn group exactly as `python train.py model=<name> attn=<attn>` builds them."""
+    config = to_config(load_config([f"model={name}", f"attn={attn}", f"data.max_seq_len={max_seq_len}"]))
+    return GPTConfig.from_settings(config.model), config.attn
 
 
 def gpt2_parameters(vocab, positions, layers, width):
@@ -238,13 +242,14 @@ def gpt2_parameters(vocab, positions, layers, width):
     ("name", "published"), [("tiny", None), ("gpt2-small", 124_439_808), ("gpt2-medium", 354_823_168)]
 )
 def test_model_configs_build_the_named_sizes(name, published):
-    node = model_node(name, 1024)
+    gpt_config, attn = composed_model(name, 1024, attn="flex")
     with torch.device("meta"):  # no memory or init time for the big ones
-        model = GPT.from_config(node, OmegaConf.load(ROOT / "conf" / "attn" / "flex.yaml"))
+        model = GPT(gpt_config, attn=attn.backend, compile=attn.compile)
     config = model.config
     assert config.max_seq_len == 1024 and config.vocab_size == 50257
-    assert config == GPTConfig.preset(name, max_seq_len=1024)
-    assert model.attn_backend == "flex" and model.flex_compile == "auto"
+    assert (config.n_layer, config.n_head, config.d_model) == SIZES[name]
+    assert config.dropout == 0.0 and config.bias is True
+    assert model.attn_backend == "flex" and model.compile == "auto"
     expected = gpt2_parameters(50257, 1024, config.n_layer, config.d_model)
     assert model.num_parameters() == expected
     assert model.num_parameters(exclude_position_embeddings=True) == expected - 1024 * config.d_model
@@ -252,17 +257,18 @@ def test_model_configs_build_the_named_sizes(name, published):
         assert expected == published  # Hugging Face's GPT-2 counts, tied head counted once
 
 
-def test_attn_configs_and_build_model():
+def test_attn_configs_and_the_model_follow_data_max_seq_len():
     for name in ("auto", "sdpa", "flex", "varlen"):
-        assert OmegaConf.load(ROOT / "conf" / "attn" / f"{name}.yaml").backend == name
-    model = build_model(model_node("tiny", 64), "sdpa")
+        assert to_config(load_config([f"attn={name}"])).attn.backend == name
+    gpt_config, attn = composed_model("tiny", 64)
+    model = GPT(gpt_config, attn=attn.backend)
     assert model.attn_backend == "sdpa" and model.config.max_seq_len == 64
-    assert model.config == GPTConfig.preset("tiny", max_seq_len=64)
+    assert model.config == GPTConfig(vocab_size=50257, n_layer=4, n_head=4, d_model=128, max_seq_len=64)
 
 
 def test_gpt2_initialisation():
     torch.manual_seed(0)
-    config = GPTConfig.preset("tiny", vocab_size=5000, n_layer=8, max_seq_len=256)
+    config = GPTConfig(vocab_size=5000, n_layer=8, n_head=4, d_model=128, max_seq_len=256)
     model = GPT(config)
     assert abs(model.wte.weight.std().item() - 0.02) < 1e-3
     assert abs(model.h[0].attn.c_attn.weight.std().item() - 0.02) < 1e-3

@@ -17,7 +17,6 @@ from pretrain.data.chunking import chunk_table
 from pretrain.data.packing import (
     best_fit_buffered,
     best_fit_decreasing,
-    best_fit_decreasing_naive,
     concat_windows,
 )
 from pretrain.data.policies import load_or_build_packs, packs_path
@@ -28,6 +27,29 @@ make_cfg = policy_cfg
 
 
 # --- reference implementations, written independently of the code under test -------------------
+
+
+def best_fit_decreasing_naive(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """O(N^2) reference of `best_fit_decreasing` with the same tie-breaking (written here, independently of the code under test)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    spaces: list[int] = []
+    contents: list[list[int]] = []
+    for item in order.tolist():
+        length = int(lengths[item])
+        best = -1
+        for pack, space in enumerate(spaces):
+            if length <= space and (best < 0 or space < spaces[best]):
+                best = pack
+        if best < 0:
+            spaces.append(capacity)
+            contents.append([])
+            best = len(spaces) - 1
+        spaces[best] -= length
+        contents[best].append(item)
+    items = np.array([i for pack in contents for i in pack], dtype=np.int64)
+    return items, np.concatenate([[0], np.cumsum([len(pack) for pack in contents], dtype=np.int64)]).astype(np.int64)
+
 
 
 def online_best_fit_reference(lengths, capacity, buffer):
@@ -362,7 +384,7 @@ def test_bfd_layout_in_module_matches_algorithm():
     split = random_split(11)
     table = chunk_table(split.offsets, split.lengths, 16)
     layout = load_or_build_packs(split, table, "bfd", None)
-    items, ptr = packing.best_fit_decreasing_naive(table.length, 16)
+    items, ptr = best_fit_decreasing_naive(table.length, 16)
     assert as_packs(layout.item_id, layout.ptr) == as_packs(items, ptr)
 
 

@@ -17,13 +17,13 @@ from conftest import (
     english_text,
     expected_cache,
     files_override,
+    prepare,
     prepare_command,
     run_prepare,
     write_parquet,
 )
 
 from pretrain.data.cache import CacheError, verify_cache
-from pretrain.data.prepare import prepare_cache
 
 
 def last_line(stdout: str) -> str:
@@ -76,7 +76,7 @@ def test_prepare_prints_the_verified_cache_dir(parquet_file, cache_root, corpus_
 
 def test_corrupt_cache_exits_2_and_rebuild_repairs(parquet_file, cache_root):
     overrides = ["source=local", files_override([parquet_file])]
-    directory = prepare_cache(compose(*overrides), progress=False).directory  # built in-process: quicker
+    directory = prepare(compose(*overrides), progress=False).directory  # built in-process: quicker
     data = bytearray((directory / "train.bin").read_bytes())
     data[len(data) // 3] ^= 0xFF
     (directory / "train.bin").write_bytes(bytes(data))

@@ -11,11 +11,11 @@ import sys
 from unittest import mock
 
 import pytest
-from conftest import EOS, compose, expected_split, reference_encode
+from conftest import EOS, cache_spec, compose, expected_split, prepare, reference_encode
+
+from pretrain.data.cache import identity_key
 
 from pretrain.data import sources
-from pretrain.data.cache import cache_identity, identity_key
-from pretrain.data.prepare import prepare_cache
 
 # A child process (another hash seed) reads the corpus on its own; pretrain.data imports lazily,
 # so this pulls in the source module only (no torch).
@@ -38,7 +38,7 @@ def pydocs(tmp_path_factory):
     )
     root = tmp_path_factory.mktemp("pydocs-root")
     with mock.patch.dict(os.environ, {"PRETRAIN_CACHE_ROOT": str(root)}):
-        cache = prepare_cache(compose(), progress=False)
+        cache = prepare(compose(), progress=False)
     out, _ = child.communicate(timeout=300)
     assert child.returncode == 0
     return {"cache": cache, "documents": json.loads(out)}
@@ -99,9 +99,9 @@ def test_identity_contains_the_python_version(pydocs, monkeypatch):
     identity = pydocs["cache"].manifest["identity"]
     assert identity["source"]["kind"] == "pydocs"
     assert identity["source"]["python"] == platform.python_version()
-    key = identity_key(cache_identity(compose()))
+    key = cache_spec(compose()).key
     assert key == pydocs["cache"].directory.name
     monkeypatch.setattr(sys, "version", "3.99.1 (main, Jan 1 2030) [a future compiler]")
-    other = cache_identity(compose())
+    other = cache_spec(compose()).identity
     assert other["source"]["python"] == "3.99.1"
     assert identity_key(other) != key  # another Python's docs are another corpus

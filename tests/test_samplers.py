@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import policy_cfg
+from conftest import policy_cfg, settings_of
 from omegaconf import OmegaConf
 
 from pretrain.data.samplers import build_sampler
@@ -251,15 +251,13 @@ def test_microbatch_tokens_sizing():
 
 def test_batch_size_errors():
     split = random_split(14)
-    both = make_cfg("bestfit", "train.batch_size=4", "train.microbatch_tokens=4096")
-    with pytest.raises(ValueError) as info:
-        build_sampler(both, split, train=True)
+    with pytest.raises(ValueError) as info:  # refused when the settings are built, before any sampler
+        build_sampler(make_cfg("bestfit", "train.batch_size=4", "train.microbatch_tokens=4096"), split, train=True)
     assert str(info.value) == (
         "set only one of train.batch_size and train.microbatch_tokens (e.g. train.batch_size=null)"
     )
-    neither = make_cfg("bestfit", "train.batch_size=null", "train.microbatch_tokens=null")
     with pytest.raises(ValueError, match="train.batch_size"):
-        build_sampler(neither, split, train=True)
+        build_sampler(make_cfg("bestfit", "train.batch_size=null", "train.microbatch_tokens=null"), split, train=True)
     with pytest.raises(ValueError, match="train.batch_size must be a positive integer"):
         build_sampler(make_cfg("bestfit", "train.batch_size=0"), split, train=True)
 
@@ -294,7 +292,7 @@ def test_mismatched_state_is_refused(tmp_path):
     take(sampler, 2, [])
     state = sampler.state_dict()
     other = build_sampler(case_cfg("bestfit", "train.batch_size=3"), split, train=True)
-    with pytest.raises(ValueError, match="units_per_batch: 2 -> 3"):
+    with pytest.raises(ValueError, match="train.batch_size: 2 -> 3"):
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="policy"):
         build_sampler(case_cfg("bfd"), split, train=True, packs_dir=tmp_path).load_state_dict(state)
@@ -304,7 +302,9 @@ def test_mismatched_state_is_refused(tmp_path):
 
 @pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit"])
 def test_data_configs(policy):
-    data = OmegaConf.load(ROOT / "conf" / "data" / f"{policy}.yaml")
+    from pretrain.config import load_config
+
+    data = load_config([f"data={policy}"]).data
     assert data.policy == policy
     assert data.max_seq_len == 512
     if policy == "padded":
@@ -317,7 +317,7 @@ def test_data_configs(policy):
 def test_composed_config_builds_samplers(policy, tmp_path):
     from pretrain.config import load_config
 
-    cfg = load_config([f"data={policy}", "data.max_seq_len=32"])
+    cfg = settings_of(load_config([f"data={policy}", "data.max_seq_len=32"]))
     split = random_split(19, documents=120, high=200)
     train = build_sampler(cfg, split, train=True, packs_dir=tmp_path)
     validation = build_sampler(cfg, split, train=False, packs_dir=tmp_path)

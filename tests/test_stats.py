@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
+from conftest import policy_cfg, split_of
 from rich.console import Console
 
 from pretrain.data.stats import inspect_split, render_table, verbatim_leaks
@@ -42,17 +42,13 @@ FIRST_CHUNKS = [2, 4, 1, 4]
 
 
 def make_cfg(policy: str, *overrides: str):
-    root = OmegaConf.load(ROOT / "conf" / "train.yaml")
-    for key in ("defaults", "hydra"):
-        root.pop(key, None)
-    root.data = OmegaConf.load(ROOT / "conf" / "data" / f"{policy}.yaml")
-    return OmegaConf.merge(root, OmegaConf.from_dotlist(["data.max_seq_len=4", "train.batch_size=2", *overrides]))
+    return policy_cfg(policy, "data.max_seq_len=4", "train.batch_size=2", *overrides)
 
 
 def splits():
-    train = TokenSplit.from_documents(BODIES)
+    train = split_of(BODIES)
     train = TokenSplit(train.tokens, train.offsets, train.lengths, ids=("a", "b", "c", "d"), name="train")
-    validation = TokenSplit.from_documents([[5, 6, 7], [8, 9]], name="validation")
+    validation = split_of([[5, 6, 7], [8, 9]], name="validation")
     validation = TokenSplit(validation.tokens, validation.offsets, validation.lengths, ids=("b", "z"), name="validation")
     return train, validation
 
@@ -158,8 +154,8 @@ def test_concat(mask):
 
 
 def test_no_ids_no_overlap():
-    train = TokenSplit.from_documents(BODIES)
-    validation = TokenSplit.from_documents([[5, 6, 7]], name="validation")
+    train = split_of(BODIES)
+    validation = split_of([[5, 6, 7]], name="validation")
     assert inspect_split(make_cfg("bestfit"), train, validation)["train_validation_overlap"] == 0
 
 
@@ -169,8 +165,8 @@ def test_no_ids_no_overlap():
 def leak_fixture():
     rng = np.random.default_rng(0)
     a, b = rng.integers(0, 50000, 200), rng.integers(0, 50000, 150)
-    train = TokenSplit.from_documents([a, b])
-    validation = TokenSplit.from_documents(
+    train = split_of([a, b])
+    validation = split_of(
         [
             np.concatenate([rng.integers(0, 50000, 20), a[10:74], rng.integers(0, 50000, 5)]),  # 64 shared: leak
             np.concatenate([a[100:163], rng.integers(0, 50000, 30)]),  # 63 shared: no leak
@@ -213,8 +209,8 @@ def test_verbatim_leaks_match_brute_force(seed):
             source = train_docs[rng.integers(len(train_docs))]
             doc = np.concatenate([doc[:5], source[rng.integers(0, 4) :], doc[5:]])
         val_docs.append(doc)
-    train = TokenSplit.from_documents(train_docs)
-    validation = TokenSplit.from_documents(val_docs, name="validation")
+    train = split_of(train_docs)
+    validation = split_of(val_docs, name="validation")
     for window in (4, 8, 16):
         assert verbatim_leaks(train, validation, window=window) == brute_force_leaks(train, validation, window)
 
@@ -229,7 +225,7 @@ def test_leak_makes_the_table_loud():
     console.print(table)
     assert "WARNING" in console.export_text()
 
-    quiet_train, quiet_validation = TokenSplit.from_documents(BODIES), TokenSplit.from_documents([[7, 7]], name="validation")
+    quiet_train, quiet_validation = split_of(BODIES), split_of([[7, 7]], name="validation")
     quiet = inspect_split(make_cfg("bestfit"), quiet_train, quiet_validation)
     assert render_table(quiet).caption is None
 
@@ -250,7 +246,7 @@ def test_leak_blocks_do_not_change_the_answer(monkeypatch):
 
 
 def test_empty_validation_split():
-    train = TokenSplit.from_documents(BODIES)
+    train = split_of(BODIES)
     stats = inspect_split(make_cfg("bestfit"), train, TokenSplit.from_lengths([], name="validation"))
     assert stats["validation"] == {"documents": 0, "raw_tokens": 0, "prediction_pairs": 0, "batches": 0}
     assert stats["verbatim_leaks"] == 0 and stats["train_validation_overlap"] == 0

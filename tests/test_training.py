@@ -35,7 +35,7 @@ def cache_root(tmp_path_factory) -> Path:
 
 
 def compose(out: Path, *overrides: str):
-    return load_config(["experiment=smoke", f"+output_dir={out}", "progress_bar=false", "logger=csv", *overrides])
+    return load_config(["experiment=smoke", f"output_dir={out}", "progress_bar=false", "logger=csv", *overrides])
 
 
 def read_metrics(run_dir: Path) -> dict[str, dict[int, float]]:

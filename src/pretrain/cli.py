@@ -1,4 +1,8 @@
-"""The `pretrain` command: prepare, inspect-data, compare."""
+"""The `pretrain` command: prepare, inspect-data, compare.
+
+Errors a user can fix (`pretrain.errors.PretrainError` and Hydra's config errors) are printed in one
+line with exit status 2; anything else keeps its traceback.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Problems a user can fix from the command line: reported in one line, no traceback."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    return (ValueError, OSError, RuntimeError, HydraException, OmegaConfBaseException)
+from .errors import ConfigError, exit_on_user_error
 
 
 def _split_option(overrides: list[str], name: str) -> tuple[str | None, list[str]]:
@@ -44,29 +42,37 @@ def counts_table(cache) -> Table:
     return table
 
 
-def cmd_prepare(overrides: list[str]) -> int:
-    from .config import load_config
+def _cache_spec(overrides: list[str]):
+    from .config import load_config, to_config
 
-    cfg = load_config(overrides)  # a bad override fails before the heavy imports below
+    config = to_config(load_config(overrides))  # a bad override fails before the heavy imports below
+    from .data.cache import CacheSpec
+
+    return config, CacheSpec.from_config(config)
+
+
+def cmd_prepare(overrides: list[str]) -> int:
     from .data.prepare import prepare_cache
 
-    cache = prepare_cache(cfg)
+    _, spec = _cache_spec(overrides)
+    cache = prepare_cache(spec)
     Console().print(counts_table(cache))
     print(cache.directory)
     return 0
 
 
 def cmd_inspect(overrides: list[str]) -> int:
-    from .config import load_config
+    output, overrides = _split_option(overrides, "output")
+    if not output:
+        raise ConfigError("inspect-data needs output=FILE.json for the statistics")
+    config, spec = _cache_spec(overrides)
+    from .data.policies import PolicySettings
     from .data.prepare import prepare_cache
     from .data.stats import inspect_split, render_table
 
-    output, overrides = _split_option(overrides, "output")
-    if not output:
-        raise ValueError("inspect-data needs output=FILE.json for the statistics")
-    cfg = load_config(overrides)
-    cache = prepare_cache(cfg)
-    stats = inspect_split(cfg, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir)
+    settings = PolicySettings.from_config(config.data, config.train, config.seed)
+    cache = prepare_cache(spec)
+    stats = inspect_split(settings, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir)
     path = Path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(stats, indent=2, default=float) + "\n")
@@ -76,7 +82,7 @@ def cmd_inspect(overrides: list[str]) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .training.compare import compare
+    from .report.compare import compare
 
     compare([Path(d) for d in args.dirs], output=Path(args.output) if args.output else None)
     return 0
@@ -98,17 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "prepare":
-            return cmd_prepare(args.overrides)
-        if args.command == "inspect-data":
-            return cmd_inspect(args.overrides)
-        return cmd_compare(args)
+        with exit_on_user_error():
+            if args.command == "prepare":
+                return cmd_prepare(args.overrides)
+            if args.command == "inspect-data":
+                return cmd_inspect(args.overrides)
+            return cmd_compare(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except user_errors() as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
 
 
 if __name__ == "__main__":

@@ -1,14 +1,307 @@
-"""Composing the Hydra config outside `train.py` (for the `pretrain` CLI and tests)."""
+"""The typed config: one dataclass per group, registered with Hydra's ConfigStore as the schema of
+`conf/train.yaml`, so a wrong type or an unknown key fails at composition, naming the key.
+
+Defaults live here and nowhere else. A value that a group option chooses (the policy, the model's
+size, the trainer's device) is MISSING here and set by that option's YAML file (`conf/<group>/*.yaml`),
+which says nothing else. Each field's docstring is its documentation (`docs/config.md` is generated
+from them: `python -m pretrain.config > docs/config.md`).
+
+The run's entry turns the composed `DictConfig` into these dataclasses once (`to_config`) and builds
+the settings objects of the data, model and training code from them; nothing below the entry reads
+Hydra's config.
+"""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, is_dataclass
+from enum import StrEnum
 from pathlib import Path
+from typing import Any, get_type_hints
 
-from omegaconf import DictConfig
+from omegaconf import II, MISSING, DictConfig, OmegaConf
+
+from .data.split import DEFAULT_SPLIT_SEED, DEFAULT_VALIDATION_FRACTION
+from .data.tokens import GPT2_VOCAB_SIZE
+from .errors import ConfigError
 
 CONFIG_NAME = "train"
+SCHEMA_NAME = "pretrain_schema"
+
+
+class SourceKind(StrEnum):
+    pydocs = "pydocs"
+    local = "local"
+    fineweb = "fineweb"
+
+
+class TokenizerSource(StrEnum):
+    bundled = "bundled"
+    hub = "hub"
+    files = "files"
+
+
+class Policy(StrEnum):
+    padded = "padded"
+    prepacked = "prepacked"
+    bestfit = "bestfit"
+
+
+class PadTo(StrEnum):
+    max = "max"
+    longest = "longest"
+
+
+class Strategy(StrEnum):
+    concat = "concat"
+    bfd = "bfd"
+
+
+class AttnBackend(StrEnum):
+    auto = "auto"
+    sdpa = "sdpa"
+    flex = "flex"
+    varlen = "varlen"
+
+
+class LoggerKind(StrEnum):
+    csv = "csv"
+    wandb = "wandb"
+
+
+def _is_set(value: Any) -> bool:
+    return value is not None and value != MISSING
+
+
+def _at_least(key: str, value: Any, low: float) -> None:
+    if _is_set(value) and value < low:
+        raise ConfigError(f"{key}={value!r} must be >= {low}")
+
+
+@dataclass
+class SourceConfig:
+    kind: SourceKind = MISSING
+    """where documents come from: pydocs (embedded offline corpus), local files or fineweb"""
+    files: list[str] = field(default_factory=list)
+    """source=local: parquet or jsonl files with a `text` column, read in the order given"""
+    path: str | None = None
+    """source=fineweb: the hub dataset"""
+    config_name: str | None = None
+    """source=fineweb: the dataset config (sample-10BT)"""
+    revision: str | None = None
+    """source=fineweb: the pinned dataset revision (commit)"""
+    data_dir: str | None = None
+    """source=fineweb: the folder of the config's parquet files"""
+
+
+@dataclass
+class TokenizerConfig:
+    name: str = MISSING
+    """hub repository of the tokenizer (source=hub; recorded in the cache identity)"""
+    revision: str = MISSING
+    """pinned hub revision of the tokenizer files"""
+    source: TokenizerSource = TokenizerSource.bundled
+    """bundled (GPT-2's files shipped offline), hub (the pinned revision) or files"""
+    vocab_file: str | None = None
+    """source=files: encoder.json / vocab.json"""
+    merges_file: str | None = None
+    """source=files: vocab.bpe / merges.txt"""
+
+
+@dataclass
+class SplitConfig:
+    seed: int = DEFAULT_SPLIT_SEED
+    """seed re-hashed with each document's sha256 to pick its split"""
+    validation_fraction: float = DEFAULT_VALIDATION_FRACTION
+    """share of documents that go to validation, in [0, 1]"""
+
+    def __post_init__(self) -> None:
+        if _is_set(self.validation_fraction) and not 0.0 <= self.validation_fraction <= 1.0:
+            raise ConfigError(f"split.validation_fraction={self.validation_fraction!r} must be in [0, 1]")
+
+
+@dataclass
+class BudgetConfig:
+    train_tokens: int | None = None
+    """raw tokens collected for train (whole documents, in source order); null = the whole source"""
+    validation_tokens: int | None = None
+    """raw tokens collected for validation; null = the whole source"""
+
+    def __post_init__(self) -> None:
+        _at_least("budget.train_tokens", self.train_tokens, 0)
+        _at_least("budget.validation_tokens", self.validation_tokens, 0)
+
+
+@dataclass
+class CacheConfig:
+    rebuild: bool = False
+    """rebuild a cache that fails verification instead of stopping"""
+
+
+@dataclass
+class DataConfig:
+    policy: Policy = MISSING
+    """how batches are built from the cache: padded, prepacked or bestfit"""
+    max_seq_len: int = 512
+    """context length = pack capacity = padded row width, 2..4096"""
+    pad_to: PadTo = PadTo.max
+    """padded: pad rows to max_seq_len (max) or to the batch's longest row (longest)"""
+    strategy: Strategy = Strategy.concat
+    """prepacked: concat (fixed windows over the token stream) or bfd (offline best-fit-decreasing)"""
+    document_mask: bool = True
+    """prepacked concat: false lets a window's later documents attend to earlier ones (MiniMind)"""
+
+
+@dataclass
+class AttnConfig:
+    backend: AttnBackend = MISSING
+    """auto (varlen on CUDA, sdpa elsewhere), sdpa, flex or varlen; explicit ones never change"""
+    compile: Any = "auto"
+    """flex: torch.compile flex_attention: auto (on CUDA only), true or false"""
+
+    def __post_init__(self) -> None:
+        if self.compile not in ("auto", True, False):
+            raise ConfigError(f"attn.compile must be auto, true or false; got {self.compile!r}")
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    """the size's name (tiny, gpt2-small, gpt2-medium): a label, the sizes are the fields below"""
+    n_layer: int = MISSING
+    """transformer blocks"""
+    n_head: int = MISSING
+    """attention heads (d_model must be divisible by it)"""
+    d_model: int = MISSING
+    """residual width"""
+    dropout: float = 0.0
+    """embedding and residual dropout (attention has none: the kernels must be interchangeable)"""
+    vocab_size: int = GPT2_VOCAB_SIZE
+    """rows of the (tied) embedding"""
+    bias: bool = True
+    """biases in linear layers and LayerNorms (GPT-2 has them)"""
+    max_seq_len: int = II("data.max_seq_len")
+    """learned positions; follows data.max_seq_len"""
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: str = MISSING
+    """Lightning accelerator: cpu, gpu or auto"""
+    devices: Any = MISSING
+    """Lightning devices: a count, -1 for all, or a list of indices"""
+    num_nodes: int = 1
+    """machines of a multi-node run"""
+    strategy: str = MISSING
+    """Lightning strategy: auto, ddp, fsdp"""
+    precision: str = MISSING
+    """Lightning precision: 32-true, bf16-mixed, 16-mixed"""
+
+
+@dataclass
+class LoggerConfig:
+    kind: LoggerKind = MISSING
+    """csv (metrics.csv only) or wandb (metrics.csv and Weights & Biases)"""
+    project: str = "pretrain"
+    """W&B project"""
+    entity: str | None = None
+    """W&B entity (team or user); null = the key's default"""
+    group: str | None = None
+    """W&B group; null = the multirun's sweep directory, else experiment_name"""
+    tags: list[str] = field(default_factory=list)
+    """extra W&B tags (policy, attn and model are always added)"""
+    mode: str | None = None
+    """online, offline or disabled; null = offline without an API key"""
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int | None = 4
+    """packs (or padded rows) per microbatch"""
+    microbatch_tokens: int | None = None
+    """alternative to batch_size (batch_size = microbatch_tokens // max_seq_len); set only one"""
+    packing_buffer: int = 64
+    """bestfit: chunks in the best-fit candidate buffer"""
+    accumulation: int = 1
+    """microbatches per optimizer update"""
+    eval_microbatch_tokens: int = 8192
+    """tokens per validation microbatch"""
+    max_steps: int = 200
+    """optimizer updates to train"""
+    lr: float = 3.0e-3
+    """peak learning rate (AdamW)"""
+    warmup_steps: int = 20
+    """linear warmup updates, then cosine decay to min_lr_ratio x lr at max_steps"""
+    min_lr_ratio: float = 0.1
+    """final learning rate / peak learning rate"""
+    weight_decay: float = 0.1
+    """AdamW weight decay of matrices (biases, LayerNorms and embeddings' 1-D params get none)"""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW betas"""
+    grad_clip: float | None = 1.0
+    """gradient norm clipping; null = none"""
+    val_every_n_steps: int = 50
+    """validate every N optimizer steps (and at the last one)"""
+    val_batches: int | None = 4
+    """validation microbatches per rank; null = the whole validation split"""
+    checkpoint_every_n_steps: int | None = 100
+    """save a checkpoint every N optimizer steps; null = only last.ckpt at the end"""
+    log_every_n_steps: int = 5
+    """write metrics every N optimizer steps (validation steps always)"""
+    deterministic: bool = False
+    """torch deterministic algorithms (slower; restored after the run)"""
+
+    def __post_init__(self) -> None:
+        for key in ("max_steps", "val_every_n_steps", "checkpoint_every_n_steps", "log_every_n_steps"):
+            _at_least(f"train.{key}", getattr(self, key), 1)
+        _at_least("train.warmup_steps", self.warmup_steps, 0)
+        if _is_set(self.lr) and not self.lr > 0:
+            raise ConfigError(f"train.lr={self.lr!r} must be > 0")
+
+
+@dataclass
+class Config:
+    """The root: what `python train.py` and every `pretrain` command compose."""
+
+    experiment_name: str = "default"
+    """W&B group and the label of comparisons"""
+    seed: int = 1234
+    """run seed: sampler order and initial weights"""
+    cache_root: str = "data-cache"
+    """where caches live (env PRETRAIN_CACHE_ROOT overrides)"""
+    ckpt_path: str | None = None
+    """resume model, optimizer and sampler state from this checkpoint"""
+    output_dir: str | None = None
+    """run directory outside @hydra.main (tests, notebooks); under Hydra its run dir is used"""
+    record_batches: bool = False
+    """write batches.rank<R>.jsonl: what each rank trained on, per update"""
+    progress_bar: bool = True
+    """Rich progress bar while training"""
+    source: SourceConfig = field(default_factory=SourceConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    split: SplitConfig = field(default_factory=SplitConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    attn: AttnConfig = field(default_factory=AttnConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+# --- Hydra ----------------------------------------------------------------------------------------
+
+
+def register_schema() -> None:
+    """Make the schema known to Hydra (`conf/train.yaml` lists it first in its defaults)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
 
 
 def config_dir() -> Path:
@@ -19,12 +312,76 @@ def config_dir() -> Path:
     for candidate in candidates:
         if (candidate / f"{CONFIG_NAME}.yaml").is_file():
             return candidate.resolve()
-    raise FileNotFoundError(f"no {CONFIG_NAME}.yaml in {', '.join(map(str, candidates))}; set PRETRAIN_CONFIG_DIR")
+    searched = ", ".join(map(str, candidates))
+    raise ConfigError(f"no {CONFIG_NAME}.yaml in {searched}; set PRETRAIN_CONFIG_DIR to the conf/ folder")
 
 
 def load_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The same config `python train.py overrides...` would see."""
     from hydra import compose, initialize_config_dir
 
+    register_schema()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="pretrain"):
         return compose(config_name=CONFIG_NAME, overrides=list(overrides))
+
+
+def to_config(cfg: DictConfig | Config) -> Config:
+    """The composed config as typed dataclasses (interpolations resolved, every check run)."""
+    if isinstance(cfg, Config):
+        return cfg
+    typed = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+    config = OmegaConf.to_object(typed)
+    assert isinstance(config, Config)
+    return config
+
+
+# --- documentation --------------------------------------------------------------------------------
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a schema dataclass (read from the source)."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, after in zip(body, body[1:], strict=False):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                docs[node.target.id] = " ".join(str(after.value.value).split())
+    return docs
+
+
+def schema_rows(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, doc) of every leaf key under `cls`, in schema order."""
+    rows = []
+    docs = field_docs(cls)
+    hints = get_type_hints(cls)
+    defaults = OmegaConf.to_container(OmegaConf.structured(cls), resolve=False)
+    assert isinstance(defaults, dict)
+    for f in fields(cls):
+        key = f"{prefix}{f.name}"
+        node = hints[f.name]
+        if isinstance(node, type) and is_dataclass(node):
+            rows += schema_rows(node, f"{key}.")
+            continue
+        raw = defaults[f.name]
+        shown = "set by the group" if raw == MISSING else raw if isinstance(raw, str) else json.dumps(raw)
+        rows.append((key, shown, docs.get(f.name, "")))
+    return rows
+
+
+def markdown_reference() -> str:
+    lines = [
+        "# Config reference",
+        "",
+        "Generated from `src/pretrain/config.py` (`python -m pretrain.config > docs/config.md`).",
+        "Group options (`conf/<group>/*.yaml`) set the keys marked `set by the group`.",
+        "",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{key}` | `{default}` | {doc} |" for key, default, doc in schema_rows()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_reference(), end="")

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from ..arrays import prefix_sums, run_positions
 from .chunking import Chunk
+from .tokens import EOS_TOKEN_ID
 
 IGNORE_INDEX = -100
-PAD_TOKEN_ID = 50256
+PAD_TOKEN_ID = EOS_TOKEN_ID  # what a pad row's inputs hold (their targets are IGNORE_INDEX)
 
 
 @dataclass
@@ -38,23 +40,8 @@ class PackedBatch:
         return int(self.input_ids.numel())
 
     @property
-    def num_segments(self) -> int:
-        return int(self.cu_seqlens.numel()) - 1
-
-    @property
     def real_tokens(self) -> int:
         return int(self.pack_lengths.sum())
-
-    @property
-    def padding_waste(self) -> float:
-        """Computed rows that are padding, as a fraction of computed rows."""
-        return 0.0 if self.num_tokens == 0 else 1.0 - self.real_tokens / self.num_tokens
-
-    @property
-    def pack_utilization(self) -> float:
-        """Real tokens over packs x capacity."""
-        slots = len(self.pack_lengths) * self.capacity
-        return float("nan") if slots == 0 else self.real_tokens / slots
 
     def to(self, device, non_blocking: bool = False) -> PackedBatch:
         """Token tensors move; `cu_seqlens` stays on the host, where the model validates it and plans
@@ -68,17 +55,8 @@ class PackedBatch:
         )
 
 
-def _segment_positions(lengths: np.ndarray) -> np.ndarray:
-    """0..len-1 for each segment, concatenated."""
-    total = int(lengths.sum())
-    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.arange(total, dtype=np.int64) - starts
-
-
 def _cu_seqlens(lengths: np.ndarray) -> torch.Tensor:
-    cu = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=cu[1:])
-    return torch.from_numpy(cu.astype(np.int32))
+    return torch.from_numpy(prefix_sums(lengths).astype(np.int32))
 
 
 def gather_packed(
@@ -95,13 +73,11 @@ def gather_packed(
     """
     starts = np.asarray(starts, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
-    positions = _segment_positions(lengths)
+    positions = run_positions(lengths)
     index = np.repeat(starts, lengths) + positions
     input_ids = np.asarray(tokens[index], dtype=np.int64)
     targets = np.asarray(tokens[index + 1], dtype=np.int64)
-    pack_ends = np.cumsum(np.asarray(pack_sizes, dtype=np.int64))
-    chunk_ends = np.cumsum(lengths)
-    pack_lengths = np.diff(np.concatenate([[0], chunk_ends[pack_ends - 1]])) if len(pack_ends) else pack_ends
+    pack_lengths = np.diff(prefix_sums(lengths)[prefix_sums(pack_sizes)])
     return PackedBatch(
         input_ids=torch.from_numpy(input_ids),
         targets=torch.from_numpy(targets),
@@ -127,7 +103,7 @@ def collate_packed(chunks: Sequence[Chunk] | Sequence[Sequence[Chunk]], capacity
     return PackedBatch(
         input_ids=torch.from_numpy(input_ids),
         targets=torch.from_numpy(targets),
-        position_ids=torch.from_numpy(_segment_positions(lengths)),
+        position_ids=torch.from_numpy(run_positions(lengths)),
         cu_seqlens=_cu_seqlens(lengths),
         max_seqlen=int(lengths.max()),
         num_targets=int(lengths.sum()),

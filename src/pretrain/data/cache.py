@@ -14,13 +14,18 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import CacheError, ConfigError
 from .files import sha256_file
 from .sources import source_identity
-from .tokenizer import resolve_files
+from .tokenizer import TokenizerFiles, resolve_files
 from .tokens import EOS_TOKEN_ID, TokenSplit
+
+if TYPE_CHECKING:
+    from ..config import BudgetConfig, Config, SourceConfig, SplitConfig, TokenizerConfig
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "validation")
@@ -28,60 +33,60 @@ MANIFEST = "manifest.json"
 REBUILD_HINT = "rebuild it with cache.rebuild=true (or delete the directory)"
 
 
-class CacheError(RuntimeError):
-    """A cache that is missing, incomplete, corrupt or of another identity."""
-
-
-def cache_root(cfg) -> Path:
+def cache_root(configured: str | None) -> Path:
     """Where caches live: env PRETRAIN_CACHE_ROOT, else `cache_root` (relative to the working directory)."""
-    root = os.environ.get("PRETRAIN_CACHE_ROOT") or cfg.get("cache_root") or "data-cache"
+    root = os.environ.get("PRETRAIN_CACHE_ROOT") or configured or "data-cache"
     return Path(root).expanduser().resolve()
 
 
-def _setting(key: str, value, kind: type, *, optional: bool = False, low=None, high=None):
-    """A config value as `kind`, or a ValueError naming the key (what a user typed on the command line)."""
-    if value is None and optional:
-        return None
-    try:
-        if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
-            raise ValueError
-        converted = kind(value)
-    except (TypeError, ValueError):
-        expected = "an integer" if kind is int else "a number"
-        raise ValueError(f"{key}={value!r} is not {expected}{' or null' if optional else ''}") from None
-    if (low is not None and converted < low) or (high is not None and converted > high):
-        bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{key}={value!r} must be {bounds}")
-    return converted
-
-
-def cache_identity(cfg) -> dict:
+def cache_identity(
+    source: SourceConfig, tokenizer: TokenizerConfig, tokenizer_files: TokenizerFiles, split: SplitConfig, budget: BudgetConfig
+) -> dict:
     """Everything that decides the cache's bytes, and nothing else."""
-    split = cfg.get("split") or {}
-    budget = cfg.get("budget") or {}
-    tokenizer = cfg.get("tokenizer") or {}
     return {
         "format": FORMAT_VERSION,
-        "source": source_identity(cfg.source),
+        "source": source_identity(source),
         "tokenizer": {
-            "name": tokenizer.get("name"),
-            "revision": tokenizer.get("revision"),
+            "name": tokenizer.name,
+            "revision": tokenizer.revision,
             # What makes the ids: other vocabulary or merges files must never reuse this cache.
-            "content_sha256": resolve_files(tokenizer).content_sha256(),
+            "content_sha256": tokenizer_files.content_sha256(),
         },
-        "split": {
-            "seed": _setting("split.seed", split.get("seed", 20261003), int),
-            "validation_fraction": _setting(
-                "split.validation_fraction", split.get("validation_fraction", 0.05), float, low=0.0, high=1.0
-            ),
-        },
-        "budget": {
-            name: _setting(f"budget.{name}", budget.get(name), int, optional=True, low=0)
-            for name in ("train_tokens", "validation_tokens")
-        },
+        "split": {"seed": int(split.seed), "validation_fraction": float(split.validation_fraction)},
+        "budget": {"train_tokens": budget.train_tokens, "validation_tokens": budget.validation_tokens},
         "dtype": "uint32",
         "eos_token_id": EOS_TOKEN_ID,
     }
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """The cache a config asks for, computed once per process: its identity (which hashes every local
+    source file), its directory, and what building it reads."""
+
+    root: Path
+    identity: dict
+    key: str
+    source: SourceConfig
+    tokenizer_files: TokenizerFiles
+    rebuild: bool = False
+
+    @property
+    def directory(self) -> Path:
+        return self.root / self.key
+
+    @classmethod
+    def from_config(cls, config: Config) -> CacheSpec:
+        tokenizer_files = resolve_files(config.tokenizer)
+        identity = cache_identity(config.source, config.tokenizer, tokenizer_files, config.split, config.budget)
+        return cls(
+            root=cache_root(config.cache_root),
+            identity=identity,
+            key=identity_key(identity),
+            source=config.source,
+            tokenizer_files=tokenizer_files,
+            rebuild=bool(config.cache.rebuild),
+        )
 
 
 def canonical_json(value) -> str:
@@ -130,7 +135,7 @@ class Cache:
 
     def split(self, name: str) -> TokenSplit:
         if name not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {name!r}")
+            raise ConfigError(f"split must be one of {SPLITS}, got {name!r}")
         bin_name, index_name = split_files(name)
         ids, offsets, lengths = read_index(self.directory / index_name)
         path = self.directory / bin_name

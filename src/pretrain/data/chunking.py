@@ -12,13 +12,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import run_positions
+from ..errors import ConfigError
+
 MIN_SEQ_LEN = 2
 MAX_SEQ_LEN = 4096
 
 
 def check_max_seq_len(max_seq_len: int) -> int:
     if not isinstance(max_seq_len, int | np.integer) or not MIN_SEQ_LEN <= int(max_seq_len) <= MAX_SEQ_LEN:
-        raise ValueError(
+        raise ConfigError(
             f"data.max_seq_len must be an integer in {MIN_SEQ_LEN}..{MAX_SEQ_LEN}, got {max_seq_len!r}; "
             f"set e.g. data.max_seq_len=1024"
         )
@@ -82,9 +85,7 @@ def chunk_table(offsets: np.ndarray, lengths: np.ndarray, max_seq_len: int) -> C
         raise ValueError("every cached document must have at least one token before its EOS")
     counts = -(-pairs // max_seq_len)
     doc = np.repeat(np.arange(len(pairs), dtype=np.int64), counts)
-    # k-th chunk of its document: position within the run of equal doc indices.
-    first = np.repeat(np.cumsum(counts) - counts, counts)
-    k = np.arange(len(doc), dtype=np.int64) - first
+    k = run_positions(counts)  # k-th chunk of its document
     start_in_doc = k * max_seq_len
     length = np.minimum(max_seq_len, pairs[doc] - start_in_doc)
     return ChunkTable(doc=doc, start=offsets[doc] + start_in_doc, length=length, max_seq_len=max_seq_len)

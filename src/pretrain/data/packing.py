@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import prefix_sums
+
 _SEQ_BITS = 32
 _SEQ_MASK = (1 << _SEQ_BITS) - 1
 
@@ -28,12 +30,6 @@ def _check_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
     if len(lengths) and (lengths.min() < 1 or lengths.max() > capacity):
         raise ValueError(f"chunk lengths must lie in 1..{capacity}, got {lengths.min()}..{lengths.max()}")
     return lengths
-
-
-def _ptr(sizes: list[int] | np.ndarray) -> np.ndarray:
-    ptr = np.zeros(len(sizes) + 1, dtype=np.int64)
-    np.cumsum(np.asarray(sizes, dtype=np.int64), out=ptr[1:])
-    return ptr
 
 
 def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
@@ -86,29 +82,7 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray,
                 set_leaf(left, left)
             heapq.heappush(bins_at[left], pack)
     items = np.fromiter((i for pack in contents for i in pack), dtype=np.int64, count=len(lengths))
-    return items, _ptr([len(pack) for pack in contents])
-
-
-def best_fit_decreasing_naive(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """O(N^2) reference of `best_fit_decreasing` with the same tie-breaking (tests only)."""
-    lengths = _check_lengths(lengths, capacity)
-    order = np.argsort(-lengths, kind="stable")
-    spaces: list[int] = []
-    contents: list[list[int]] = []
-    for item in order.tolist():
-        length = int(lengths[item])
-        best = -1
-        for pack, space in enumerate(spaces):
-            if length <= space and (best < 0 or space < spaces[best]):
-                best = pack
-        if best < 0:
-            spaces.append(capacity)
-            contents.append([])
-            best = len(spaces) - 1
-        spaces[best] -= length
-        contents[best].append(item)
-    items = np.array([i for pack in contents for i in pack], dtype=np.int64)
-    return items, _ptr([len(pack) for pack in contents])
+    return items, prefix_sums([len(pack) for pack in contents])
 
 
 def best_fit_buffered(lengths: np.ndarray, capacity: int, buffer: int) -> tuple[np.ndarray, np.ndarray]:
@@ -149,7 +123,7 @@ def best_fit_buffered(lengths: np.ndarray, capacity: int, buffer: int) -> tuple[
                 break
         sizes.append(count)
     seq = _SEQ_MASK - (np.array(taken, dtype=np.int64) & _SEQ_MASK)
-    return seq, _ptr(sizes)
+    return seq, prefix_sums(sizes)
 
 
 @dataclass(frozen=True)
@@ -176,8 +150,7 @@ def concat_windows(offsets: np.ndarray, lengths: np.ndarray, capacity: int) -> W
     """Cut the stream of all documents (N tokens, N - 1 pairs) into ceil((N - 1) / capacity) windows."""
     offsets = np.asarray(offsets, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
-    doc_start = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=doc_start[1:])
+    doc_start = prefix_sums(lengths)
     inputs = max(int(doc_start[-1]) - 1, 0)  # the last EOS has no target
     empty = np.zeros(0, dtype=np.int64)
     if inputs == 0:

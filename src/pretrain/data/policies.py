@@ -1,7 +1,8 @@
 """The three data policies: their settings (read from the config) and the units they batch.
 
 A policy turns a split into *units* (a padded row or a pack), each a list of *items* (a run of
-inputs inside one document), then batches units. `Layout` is that description as flat arrays:
+inputs inside one document), then batches units. `Layout` is that description as flat arrays
+(what each policy does with it, and its statistics, live in its sampler: samplers.py):
 
 * `padded`: one unit per document, its first chunk only (truncated to max_seq_len inputs);
 * `prepacked`: packs fixed ahead of time and stored beside the cache (`concat` windows or offline
@@ -19,14 +20,20 @@ import logging
 import os
 import uuid
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..arrays import run_positions
+from ..errors import ConfigError
 from .chunking import ChunkTable, check_max_seq_len, chunk_table
 from .packing import best_fit_buffered, best_fit_decreasing, concat_windows
 from .tokens import TokenSplit
+
+if TYPE_CHECKING:
+    from ..config import DataConfig, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -38,87 +45,80 @@ PACKS_FORMAT = 1
 _BOTH_SIZES = "set only one of train.batch_size and train.microbatch_tokens (e.g. train.batch_size=null)"
 
 
-def _select(cfg, key: str, default=None):
-    """cfg[a][b] for key 'a.b' on a DictConfig or nested dicts; `default` when missing or None."""
-    node = cfg
-    for part in key.split("."):
-        try:
-            node = node[part] if node is not None else None
-        except Exception:  # KeyError, TypeError, omegaconf's ConfigKeyError in struct mode
-            return default
-    return default if node is None else node
-
-
 def _positive_int(value, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or int(value) < 1:
-        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{key} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def _choice(value, key: str, choices: tuple[str, ...]) -> str:
+    if str(value) not in choices:
+        raise ConfigError(f"unknown {key} {str(value)!r}; choose one of {', '.join(choices)}")
+    return str(value)
 
 
 @dataclass(frozen=True)
 class PolicySettings:
-    """Everything the samplers need from the composed root config, validated."""
+    """What the samplers need, validated. Each field is the config key of the same name (`data.*`,
+    `train.*`, `seed`); `batch_size` is resolved from `train.microbatch_tokens` when that is set."""
 
     policy: str
     max_seq_len: int
     seed: int
-    batch_size: int  # training packs (or padded rows) per microbatch
-    eval_batch_size: int  # validation packs (or rows) per microbatch
-    val_batches: int | None  # validation microbatches per rank; None = all
-    accumulation: int = 1
-    pad_to: str = "max"
-    strategy: str = "concat"
-    document_mask: bool = True
-    packing_buffer: int = 64
+    batch_size: int
+    eval_microbatch_tokens: int
+    val_batches: int | None
+    accumulation: int
+    pad_to: str
+    strategy: str
+    document_mask: bool
+    packing_buffer: int
+
+    def __post_init__(self) -> None:
+        _choice(self.policy, "data.policy", POLICIES)
+        check_max_seq_len(self.max_seq_len)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int | np.integer):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        _positive_int(self.batch_size, "train.batch_size")
+        _positive_int(self.eval_microbatch_tokens, "train.eval_microbatch_tokens")
+        if self.val_batches is not None:
+            _positive_int(self.val_batches, "train.val_batches")
+        _positive_int(self.accumulation, "train.accumulation")
+        _choice(self.pad_to, "data.pad_to", PAD_TO)
+        _choice(self.strategy, "data.strategy", STRATEGIES)
+        if not isinstance(self.document_mask, bool):
+            raise ConfigError(f"data.document_mask must be true or false, got {self.document_mask!r}")
+        _positive_int(self.packing_buffer, "train.packing_buffer")
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Validation packs (or rows) per microbatch: train.eval_microbatch_tokens // data.max_seq_len."""
+        return max(1, self.eval_microbatch_tokens // self.max_seq_len)
 
     @classmethod
-    def from_cfg(cls, cfg) -> PolicySettings:
-        policy = _select(cfg, "data.policy")
-        if policy not in POLICIES:
-            raise ValueError(f"unknown data.policy {policy!r}; choose one of {', '.join(POLICIES)} (e.g. data=bestfit)")
-        max_seq_len = check_max_seq_len(_select(cfg, "data.max_seq_len"))
-        batch_size = _select(cfg, "train.batch_size")
-        microbatch_tokens = _select(cfg, "train.microbatch_tokens")
+    def from_config(cls, data: DataConfig, train: TrainConfig, seed: int) -> PolicySettings:
+        """From the typed `data` and `train` groups and the run seed."""
+        max_seq_len = check_max_seq_len(data.max_seq_len)
+        batch_size, microbatch_tokens = train.batch_size, train.microbatch_tokens
         if batch_size is not None and microbatch_tokens is not None:
-            raise ValueError(_BOTH_SIZES)
+            raise ConfigError(_BOTH_SIZES)
         if batch_size is None and microbatch_tokens is None:
-            raise ValueError("set one of train.batch_size (packs per microbatch) and train.microbatch_tokens")
-        if batch_size is not None:
-            batch_size = _positive_int(batch_size, "train.batch_size")
-        else:
+            raise ConfigError("set one of train.batch_size (packs per microbatch) and train.microbatch_tokens")
+        if batch_size is None:
             batch_size = max(1, _positive_int(microbatch_tokens, "train.microbatch_tokens") // max_seq_len)
-        eval_tokens = _positive_int(_select(cfg, "train.eval_microbatch_tokens", 8192), "train.eval_microbatch_tokens")
-        val_batches = _select(cfg, "train.val_batches")
-        if val_batches is not None:
-            val_batches = _positive_int(val_batches, "train.val_batches")
-        pad_to = str(_select(cfg, "data.pad_to", "max"))
-        if pad_to not in PAD_TO:
-            raise ValueError(f"unknown data.pad_to {pad_to!r}; choose one of {', '.join(PAD_TO)}")
-        strategy = str(_select(cfg, "data.strategy", "concat"))
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown data.strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        document_mask = _select(cfg, "data.document_mask", True)
-        if not isinstance(document_mask, bool):
-            raise ValueError(f"data.document_mask must be true or false, got {document_mask!r}")
-        seed = _select(cfg, "seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
-            raise ValueError(f"seed must be an integer, got {seed!r}")
         return cls(
-            policy=policy,
+            policy=str(data.policy),
             max_seq_len=max_seq_len,
-            seed=int(seed),
+            seed=seed,
             batch_size=batch_size,
-            eval_batch_size=max(1, eval_tokens // max_seq_len),
-            val_batches=val_batches,
-            accumulation=_positive_int(_select(cfg, "train.accumulation", 1), "train.accumulation"),
-            pad_to=pad_to,
-            strategy=strategy,
-            document_mask=document_mask,
-            packing_buffer=_positive_int(_select(cfg, "train.packing_buffer", 64), "train.packing_buffer"),
+            eval_microbatch_tokens=train.eval_microbatch_tokens,
+            val_batches=train.val_batches,
+            accumulation=train.accumulation,
+            pad_to=str(data.pad_to),
+            strategy=str(data.strategy),
+            document_mask=data.document_mask,
+            packing_buffer=train.packing_buffer,
         )
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -153,8 +153,7 @@ class Layout:
         units = np.asarray(units, dtype=np.int64)
         first = self.ptr[units]
         counts = self.ptr[units + 1] - first
-        base = np.repeat(first - (np.cumsum(counts) - counts), counts)
-        return base + np.arange(int(counts.sum()), dtype=np.int64), counts
+        return np.repeat(first, counts) + run_positions(counts), counts
 
 
 def _chunk_layout(table: ChunkTable, items: np.ndarray, ptr: np.ndarray) -> Layout:
@@ -184,18 +183,6 @@ def bestfit_layout(table: ChunkTable, order: np.ndarray, buffer: int) -> Layout:
 def bfd_layout(table: ChunkTable) -> Layout:
     items, ptr = best_fit_decreasing(table.length, table.max_seq_len)
     return _chunk_layout(table, items, ptr)
-
-
-def concat_layout(split: TokenSplit, max_seq_len: int) -> Layout:
-    w = concat_windows(split.offsets, split.lengths, max_seq_len)
-    return Layout(
-        start=w.start,
-        length=w.length,
-        doc=w.doc,
-        item_id=np.arange(len(w.start), dtype=np.int64),
-        ptr=w.ptr,
-        ends_document=w.ends_document,
-    )
 
 
 def split_fingerprint(split: TokenSplit) -> str:
@@ -241,8 +228,7 @@ def load_or_build_packs(
     (format, strategy, max_seq_len, split name and fingerprint) is there, else built and written
     atomically (tmp file + os.replace), so concurrent ranks never see a torn file. Without
     `packs_dir` the packs are only built in memory."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown data.strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    _choice(strategy, "data.strategy", STRATEGIES)
     max_seq_len = table.max_seq_len
     header = {
         "format": PACKS_FORMAT,

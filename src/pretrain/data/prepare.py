@@ -26,22 +26,21 @@ import numpy as np
 from filelock import FileLock, Timeout
 
 from .. import __version__
+from ..errors import CacheError
 from .cache import (
     MANIFEST,
     REBUILD_HINT,
     SPLITS,
     Cache,
-    CacheError,
-    cache_identity,
-    cache_root,
-    identity_key,
+    CacheSpec,
     manifest_checksum,
     open_cache,
     split_files,
 )
 from .sources import Document, iter_documents
 from .split import document_split
-from .tokenizer import EOS_TOKEN_ID, TokenizerFiles, build_tokenizer, resolve_files
+from .tokenizer import build_tokenizer
+from .tokens import EOS_TOKEN_ID
 
 BATCH_CHARS = 1 << 20  # texts handed to encode_batch at once (~250k tokens): parallel and bounded
 
@@ -185,12 +184,10 @@ def _progress(enabled: bool, total: int | None):
     ), total
 
 
-def build_cache(
-    cfg, directory: Path, tokenizer_files: TokenizerFiles, *, progress: bool = True, identity: dict | None = None
-) -> dict:
+def build_cache(spec: CacheSpec, directory: Path, *, progress: bool = True) -> dict:
     """Tokenize the source into `directory` (which must be new) and write the manifest last."""
-    identity = identity or cache_identity(cfg)
-    tokenizer = build_tokenizer(tokenizer_files, special_tokens=False)
+    identity = spec.identity
+    tokenizer = build_tokenizer(spec.tokenizer_files, special_tokens=False)
     # The same ids without the character offsets, which the cache does not keep: ~20% faster.
     encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     split_cfg = identity["split"]
@@ -241,7 +238,7 @@ def build_cache(
         with bar, ThreadPoolExecutor(max_workers=1, thread_name_prefix="pretrain-tokenizer") as pool:
             task = bar.add_task("prepare", total=total, docs=0, rate=0.0)
             pending = None  # (chosen, future) of the previous batch
-            for batch in _prefetch(_batches(iter_documents(cfg.source))):
+            for batch in _prefetch(_batches(iter_documents(spec.source))):
                 chosen = choose(batch)
                 # The literal text "<|endoftext|>" inside a document stays text: only our EOS separates documents.
                 future = pool.submit(encode_batch, [text for _, _, text in chosen], add_special_tokens=False)
@@ -262,7 +259,7 @@ def build_cache(
     splits = {s: w.close() for s, w in writers.items()}
     manifest = {
         "format": identity["format"],
-        "key": identity_key(identity),
+        "key": spec.key,
         "identity": identity,
         "splits": splits,
         "build": {
@@ -271,7 +268,7 @@ def build_cache(
             "empty_skipped": stats.empty,
             "over_budget_skipped": stats.over_budget,
             "seconds": round(time.perf_counter() - started, 3),
-            "tokenizer_files": tokenizer_files.fingerprint(),
+            "tokenizer_files": spec.tokenizer_files.fingerprint(),
             "pretrain_version": __version__,
             "python": sys.version.split()[0],
         },
@@ -298,13 +295,10 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def prepare_cache(cfg, *, progress: bool = True) -> Cache:
-    """The verified cache for `cfg`: reused if it verifies, built if absent, never used if corrupt."""
-    identity = cache_identity(cfg)
-    key = identity_key(identity)
-    root = cache_root(cfg)
+def prepare_cache(spec: CacheSpec, *, progress: bool = True) -> Cache:
+    """The verified cache of `spec`: reused if it verifies, built if absent, never used if corrupt."""
+    identity, key, root, directory = spec.identity, spec.key, spec.root, spec.directory
     root.mkdir(parents=True, exist_ok=True)
-    directory = root / key
     lock = FileLock(str(root / f"{key}.lock"))
     try:
         lock.acquire(timeout=0.5)
@@ -316,7 +310,7 @@ def prepare_cache(cfg, *, progress: bool = True) -> Cache:
             try:
                 return open_cache(directory, identity)
             except CacheError as error:
-                if not (cfg.get("cache") or {}).get("rebuild", False):
+                if not spec.rebuild:
                     raise
                 _log(f"rebuilding: {error}")
                 _discard(directory, root)
@@ -324,11 +318,10 @@ def prepare_cache(cfg, *, progress: bool = True) -> Cache:
             # We hold the lock, so any temporary build (or half-deleted bad cache) of this identity is
             # a dead process's leftover.
             shutil.rmtree(stale, ignore_errors=True)
-        tokenizer_files = resolve_files(cfg.get("tokenizer") or {})
         tmp = root / f".{key}.tmp-{os.getpid()}"
         tmp.mkdir()
         try:
-            manifest = build_cache(cfg, tmp, tokenizer_files, progress=progress, identity=identity)
+            manifest = build_cache(spec, tmp, progress=progress)
             _fsync_dir(tmp)
             os.rename(tmp, directory)
             _fsync_dir(root)

@@ -1,7 +1,7 @@
 """Resumable, rank-aware samplers: one per (policy, split, rank), yielding `PackedBatch`es.
 
 Every rank builds the same global sequence of units (packs or padded rows) for an epoch from
-(seed, epoch) alone, cuts it into global batches of `units_per_batch` units, and takes global
+(seed, epoch) alone, cuts it into global batches of `batch_size` units, and takes global
 batches rank, rank + world_size, ...; the last `global_batches % world_size` batches are dropped so
 every rank has the same count (`epoch_accounting` says exactly what was dropped). Since the epoch's
 order is regenerated, the state is two integers (epoch, cursor) plus settings to check on resume.
@@ -9,6 +9,9 @@ order is regenerated, the state is two integers (epoch, cursor) plus settings to
 Training shuffles per epoch (padded: documents; prepacked: packs; bestfit: the chunk order, then
 packs online). Validation uses the fixed index order, the first `train.val_batches` batches per
 rank, identical on every pass.
+
+Each policy also owns what its batches cost: `segment_lengths`, `computed_rows`, `slots`,
+`truncated_pairs` and `cross_document_visible_fraction` of an epoch plan (what `inspect-data` reports).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..arrays import prefix_sums, run_positions
+from ..errors import ConfigError
 from .batch import IGNORE_INDEX, PackedBatch, gather_packed, gather_padded
 from .policies import (
     Layout,
@@ -33,19 +38,23 @@ from .policies import (
 )
 from .tokens import TokenSplit
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: settings named by their config keys
 
 
 @dataclass(frozen=True)
 class EpochPlan:
     layout: Layout
     order: np.ndarray  # unit ids in epoch order
-    units_per_batch: int
+    batch_size: int  # units per batch
     global_batches: int  # batches the whole order makes (the last may be partial)
     batches: int  # batches per rank
 
     def units_of(self, global_index: int) -> np.ndarray:
-        return self.order[global_index * self.units_per_batch : (global_index + 1) * self.units_per_batch]
+        return self.order[global_index * self.batch_size : (global_index + 1) * self.batch_size]
+
+    @property
+    def real_tokens(self) -> int:
+        return int(self.layout.length.sum())
 
 
 class Sampler:
@@ -68,15 +77,15 @@ class Sampler:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if train and len(split) == 0:
-            raise ValueError(f"the {split.name} split has no documents: nothing to train on")
+            raise ConfigError(f"the {split.name} split has no documents: nothing to train on")
         self.split = split
         self.settings = settings
         self.train = bool(train)
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.packs_dir = None if packs_dir is None else Path(packs_dir)
-        self.capacity = settings.max_seq_len
-        self.units_per_batch = settings.batch_size if train else settings.eval_batch_size
+        self.max_seq_len = settings.max_seq_len
+        self.batch_size = settings.batch_size if train else settings.eval_batch_size  # units per batch
         self.table = split_chunks(split, settings.max_seq_len)
         self.epoch = 0
         self.cursor = 0
@@ -84,8 +93,8 @@ class Sampler:
         self._plans: dict[int, EpochPlan] = {}
         self._split_fingerprint = split_fingerprint(split)
         if self.train and len(self) == 0:
-            raise ValueError(
-                f"the {split.name} split makes {self._plan(0).global_batches} batches of {self.units_per_batch} "
+            raise ConfigError(
+                f"the {split.name} split makes {self.plan(0).global_batches} batches of {self.batch_size} "
                 f"{'rows' if self.policy == 'padded' else 'packs'}, fewer than world_size={world_size}: "
                 "lower train.batch_size (or train.microbatch_tokens) or use more data"
             )
@@ -97,18 +106,51 @@ class Sampler:
 
     def _gather(self, layout: Layout, items: np.ndarray, counts: np.ndarray) -> PackedBatch:
         starts, lengths = layout.start[items], layout.length[items]
-        return gather_packed(self.split.tokens, starts, lengths, counts, self.capacity)
+        return gather_packed(self.split.tokens, starts, lengths, counts, self.max_seq_len)
+
+    def policy_settings(self) -> dict:
+        """This policy's own knobs, by config key (`inspect-data` reports them; a resume checks them)."""
+        return {}
+
+    # --- what an epoch costs (inspect-data) --------------------------------------------------------
+
+    def segment_lengths(self, plan: EpochPlan) -> np.ndarray:
+        """Lengths of the sequences attention runs over (one per cu_seqlens segment)."""
+        return plan.layout.length
+
+    def computed_rows(self, plan: EpochPlan) -> int:
+        """Rows the model computes for the epoch: packed policies compute only real tokens."""
+        return plan.real_tokens
+
+    def slots(self, plan: EpochPlan) -> int:
+        """Token slots the epoch's units offer: packs x max_seq_len."""
+        return len(plan.layout) * self.max_seq_len
+
+    def truncated_pairs(self, plan: EpochPlan) -> int:
+        """Prediction pairs of the split that no batch holds."""
+        return 0
+
+    def cross_document_visible_fraction(self, plan: EpochPlan) -> float:
+        """Share of real tokens whose attention can see an earlier document."""
+        return 0.0
+
+    # --- resume ------------------------------------------------------------------------------------
 
     def _settings_key(self) -> dict:
-        """Settings a saved state depends on; a resume with different values is refused."""
+        """Settings a saved state depends on, by config key; a resume with other values is refused."""
+        sizing = {"train.batch_size": self.batch_size, "seed": self.settings.seed}
+        if not self.train:
+            sizing = {
+                "train.eval_microbatch_tokens": self.settings.eval_microbatch_tokens,
+                "train.val_batches": self.settings.val_batches,
+            }
         return {
-            "policy": self.policy,
+            "data.policy": self.policy,
             "split": self.split.name,
             "train": self.train,
-            "max_seq_len": self.capacity,
-            "units_per_batch": self.units_per_batch,
-            "seed": self.settings.seed if self.train else None,
-            "val_batches": None if self.train else self.settings.val_batches,
+            "data.max_seq_len": self.max_seq_len,
+            **sizing,
+            **self.policy_settings(),
             "split_fingerprint": self._split_fingerprint,
         }
 
@@ -122,16 +164,17 @@ class Sampler:
             return self._rng(epoch).permutation(units)
         return np.arange(units, dtype=np.int64)
 
-    def _plan(self, epoch: int) -> EpochPlan:
-        key = epoch if self.train else 0  # validation is the same every pass
+    def plan(self, epoch: int) -> EpochPlan:
+        """The units of `epoch` in order and how they are batched (validation: the same every pass)."""
+        key = epoch if self.train else 0
         plan = self._plans.get(key)
         if plan is None:
             layout = self._layout(key)
-            global_batches = math.ceil(len(layout) / self.units_per_batch)
+            global_batches = math.ceil(len(layout) / self.batch_size)
             batches = global_batches // self.world_size
             if not self.train and self.settings.val_batches is not None:
                 batches = min(batches, self.settings.val_batches)
-            plan = EpochPlan(layout, self._unit_order(key, len(layout)), self.units_per_batch, global_batches, batches)
+            plan = EpochPlan(layout, self._unit_order(key, len(layout)), self.batch_size, global_batches, batches)
             if len(self._plans) >= 2:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
@@ -139,7 +182,7 @@ class Sampler:
 
     def batch(self, epoch: int, index: int) -> PackedBatch:
         """This rank's batch `index` of `epoch` (pure: the state is not touched)."""
-        plan = self._plan(epoch)
+        plan = self.plan(epoch)
         if not 0 <= index < plan.batches:
             raise IndexError(f"batch {index} of an epoch of {plan.batches}")
         global_index = index * self.world_size + self.rank
@@ -161,8 +204,8 @@ class Sampler:
         """Units and items of `epoch` that no rank receives: the tail dropped to keep ranks equal
         (and, for validation, everything past `train.val_batches`)."""
         epoch = self.epoch if epoch is None else epoch
-        plan = self._plan(epoch)
-        served = plan.batches * self.world_size * self.units_per_batch
+        plan = self.plan(epoch)
+        served = plan.batches * self.world_size * self.batch_size
         dropped_units = plan.order[served:]
         items, _ = plan.layout.items_of(dropped_units)
         return {
@@ -178,11 +221,11 @@ class Sampler:
 
     def __len__(self) -> int:
         """Batches of the current epoch for this rank (the same on every rank)."""
-        return self._plan(self.epoch).batches
+        return self.plan(self.epoch).batches
 
     def __iter__(self) -> Iterator[PackedBatch]:
         generation, epoch = self._generation, self.epoch
-        batches = self._plan(epoch).batches
+        batches = self.plan(epoch).batches
         while self._generation == generation and self.epoch == epoch and self.cursor < batches:
             index = self.cursor
             out = self.batch(epoch, index)
@@ -204,19 +247,22 @@ class Sampler:
 
     def load_state_dict(self, state: dict) -> None:
         if int(state.get("version", -1)) != STATE_VERSION:
-            raise ValueError(f"sampler state version {state.get('version')!r}, expected {STATE_VERSION}")
+            raise ConfigError(
+                f"sampler state version {state.get('version')!r}, expected {STATE_VERSION}: the checkpoint was "
+                "written by another version of pretrain; start a new run (ckpt_path=null)"
+            )
         saved, current = dict(state.get("settings", {})), self._settings_key()
         changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
         if changed:
             detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
-            raise ValueError(f"the sampler state was saved with other data settings ({detail}); resume with the same ones")
+            raise ConfigError(f"the sampler state was saved with other data settings ({detail}); resume with the same ones")
         epoch, cursor = int(state["epoch"]), int(state["cursor"])
         if epoch < 0 or cursor < 0:
-            raise ValueError(f"bad sampler state: epoch={epoch}, cursor={cursor}")
+            raise ConfigError(f"bad sampler state: epoch={epoch}, cursor={cursor}")
         saved_world = int(state.get("world_size", self.world_size))
         if saved_world != self.world_size:  # same global position, never repeating a batch
             cursor = math.ceil(cursor * saved_world / self.world_size)
-        if cursor >= self._plan(epoch).batches:
+        if cursor >= self.plan(epoch).batches:
             epoch, cursor = epoch + 1, 0
         self.epoch, self.cursor = epoch, cursor
         self._generation += 1
@@ -235,11 +281,26 @@ class PaddedSampler(Sampler):
 
     def _gather(self, layout: Layout, items: np.ndarray, counts: np.ndarray) -> PackedBatch:
         lengths = layout.length[items]
-        width = self.capacity if self.settings.pad_to == "max" else int(lengths.max())
+        width = self.max_seq_len if self.settings.pad_to == "max" else int(lengths.max())
         return gather_padded(self.split.tokens, layout.start[items], lengths, width)
 
-    def _settings_key(self) -> dict:
-        return {**super()._settings_key(), "pad_to": self.settings.pad_to}
+    def policy_settings(self) -> dict:
+        return {"data.pad_to": self.settings.pad_to}
+
+    def computed_rows(self, plan: EpochPlan) -> int:
+        """Every row is computed at its padded width: max_seq_len, or its batch's longest row."""
+        rows = len(plan.layout)
+        if self.settings.pad_to == "max":
+            return rows * self.max_seq_len
+        ordered = plan.layout.unit_tokens[plan.order]
+        heads = np.arange(0, rows, plan.batch_size)
+        return int((np.maximum.reduceat(ordered, heads) * np.diff(np.append(heads, rows))).sum()) if rows else 0
+
+    def slots(self, plan: EpochPlan) -> int:
+        return self.computed_rows(plan)  # a padded row holds its padded width
+
+    def truncated_pairs(self, plan: EpochPlan) -> int:
+        return self.split.num_pairs - plan.real_tokens
 
 
 class PrepackedSampler(Sampler):
@@ -268,22 +329,36 @@ class PrepackedSampler(Sampler):
                 out.targets[rows] = torch.from_numpy(np.asarray(self.split.tokens[first], dtype=np.int64))
         if not self.settings.document_mask:  # one segment per window: later documents see earlier ones
             windows = out.pack_lengths.numpy()
-            cu = np.zeros(len(windows) + 1, dtype=np.int64)
-            np.cumsum(windows, out=cu[1:])
-            positions = np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1], windows)
             out = replace(
                 out,
-                cu_seqlens=torch.from_numpy(cu.astype(np.int32)),
-                position_ids=torch.from_numpy(positions),
+                cu_seqlens=torch.from_numpy(prefix_sums(windows).astype(np.int32)),
+                position_ids=torch.from_numpy(run_positions(windows)),
                 max_seqlen=int(windows.max()) if len(windows) else 0,
             )
         return out
 
-    def _settings_key(self) -> dict:
-        key = {**super()._settings_key(), "strategy": self.settings.strategy}
+    def _windows_unmasked(self) -> bool:
+        return self.settings.strategy == "concat" and not self.settings.document_mask
+
+    def policy_settings(self) -> dict:
+        key = {"data.strategy": self.settings.strategy}
         if self.settings.strategy == "concat":
-            key["document_mask"] = self.settings.document_mask
+            key["data.document_mask"] = self.settings.document_mask
         return key
+
+    def segment_lengths(self, plan: EpochPlan) -> np.ndarray:
+        """concat windows without the document mask are one segment each; otherwise their pieces."""
+        return plan.layout.unit_tokens if self._windows_unmasked() else plan.layout.length
+
+    def cross_document_visible_fraction(self, plan: EpochPlan) -> float:
+        """Without the document mask, every token of a window after its first piece sees another document."""
+        layout = plan.layout
+        unit_tokens = layout.unit_tokens
+        real = int(unit_tokens.sum())
+        if not self._windows_unmasked() or not real:
+            return 0.0
+        first_piece = layout.length[layout.ptr[:-1][np.diff(layout.ptr) > 0]]
+        return float((unit_tokens[unit_tokens > 0] - first_piece).sum() / real)
 
 
 class BestFitSampler(Sampler):
@@ -298,8 +373,8 @@ class BestFitSampler(Sampler):
         order = self._rng(epoch).permutation(chunks) if self.train else np.arange(chunks, dtype=np.int64)
         return bestfit_layout(self.table, order, self.settings.packing_buffer)
 
-    def _settings_key(self) -> dict:
-        return {**super()._settings_key(), "packing_buffer": self.settings.packing_buffer}
+    def policy_settings(self) -> dict:
+        return {"train.packing_buffer": self.settings.packing_buffer}
 
 
 SAMPLERS: dict[str, type[Sampler]] = {
@@ -310,7 +385,7 @@ SAMPLERS: dict[str, type[Sampler]] = {
 
 
 def build_sampler(
-    cfg,
+    settings: PolicySettings,
     split: TokenSplit,
     *,
     train: bool,
@@ -318,6 +393,5 @@ def build_sampler(
     world_size: int = 1,
     packs_dir: Path | None = None,
 ) -> Sampler:
-    """The sampler of `cfg.data.policy` for one split and rank (cfg: the composed root config)."""
-    settings = cfg if isinstance(cfg, PolicySettings) else PolicySettings.from_cfg(cfg)
+    """The sampler of `settings.policy` for one split and rank."""
     return SAMPLERS[settings.policy](split, settings, train=train, rank=rank, world_size=world_size, packs_dir=packs_dir)

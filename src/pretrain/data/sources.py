@@ -15,16 +15,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError, SourceError
 from .files import sha256_file
 
-FINEWEB_PATH = "HuggingFaceFW/fineweb"
-FINEWEB_CONFIG = "sample-10BT"
-FINEWEB_REVISION = "9bb295ddab0e05d785b879661af7260fed5140fc"
-FINEWEB_DATA_DIR = "sample/10BT"
+if TYPE_CHECKING:
+    from ..config import SourceConfig
 
-
-class SourceError(RuntimeError):
-    pass
+__all__ = ["Document", "SourceError", "iter_documents", "source_identity"]
 
 
 @dataclass(frozen=True)
@@ -172,9 +171,24 @@ def _hub_reachable(host: str = "huggingface.co", timeout: float = 3.0) -> bool:
         return False
 
 
-def fineweb_documents(cfg) -> Iterator[Document]:
+def _fineweb_settings(source: SourceConfig) -> dict[str, str]:
+    """The hub coordinates (conf/source/fineweb.yaml pins them): all four are needed."""
+    settings = {
+        "path": source.path,
+        "config_name": source.config_name,
+        "data_dir": source.data_dir,
+        "revision": source.revision,
+    }
+    unset = [f"source.{key}" for key, value in settings.items() if not value]
+    if unset:
+        raise ConfigError(f"source=fineweb needs {', '.join(unset)} (conf/source/fineweb.yaml sets them)")
+    return {key: str(value) for key, value in settings.items()}
+
+
+def fineweb_documents(source: SourceConfig) -> Iterator[Document]:
     """FineWeb rows in the dataset's order; only as many as the budgets need are downloaded."""
-    path = cfg.get("path", FINEWEB_PATH)
+    hub = _fineweb_settings(source)
+    path = hub["path"]
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"} or os.environ.get(
         "HF_DATASETS_OFFLINE", "0"
     ).lower() in {"1", "true", "yes"}:
@@ -185,9 +199,9 @@ def fineweb_documents(cfg) -> Iterator[Document]:
 
     stream = load_dataset(
         path,
-        name=cfg.get("config_name", FINEWEB_CONFIG),
-        data_dir=cfg.get("data_dir", FINEWEB_DATA_DIR),
-        revision=cfg.get("revision", FINEWEB_REVISION),
+        name=hub["config_name"],
+        data_dir=hub["data_dir"],
+        revision=hub["revision"],
         split="train",
         streaming=True,
     )
@@ -198,14 +212,8 @@ def fineweb_documents(cfg) -> Iterator[Document]:
         yield Document(text=text, origin=f"{path}:{row.get('id', row_number)}")
 
 
-def fineweb_identity(cfg) -> dict:
-    return {
-        "kind": "fineweb",
-        "path": cfg.get("path", FINEWEB_PATH),
-        "config_name": cfg.get("config_name", FINEWEB_CONFIG),
-        "data_dir": cfg.get("data_dir", FINEWEB_DATA_DIR),
-        "revision": cfg.get("revision", FINEWEB_REVISION),
-    }
+def fineweb_identity(source: SourceConfig) -> dict:
+    return {"kind": "fineweb", **_fineweb_settings(source)}
 
 
 # --- dispatch -----------------------------------------------------------------------------------
@@ -213,26 +221,27 @@ def fineweb_identity(cfg) -> dict:
 SOURCE_KINDS = ("pydocs", "local", "fineweb")
 
 
-def _kind(cfg) -> str:
-    kind = cfg.get("kind")
+def _kind(source: SourceConfig) -> str:
+    kind = str(source.kind)
     if kind not in SOURCE_KINDS:
-        raise SourceError(f"source.kind={kind!r} is not one of {', '.join(SOURCE_KINDS)} (pick source=pydocs|local|fineweb)")
+        raise ConfigError(f"source.kind={kind!r} is not one of {', '.join(SOURCE_KINDS)} (pick source=pydocs|local|fineweb)")
     return kind
 
 
-def source_identity(cfg) -> dict:
-    kind = _kind(cfg)
+def source_identity(source: SourceConfig) -> dict:
+    """What identifies the source's documents (part of the cache identity)."""
+    kind = _kind(source)
     if kind == "pydocs":
         return pydocs_identity()
     if kind == "local":
-        return local_identity(cfg.get("files"))
-    return fineweb_identity(cfg)
+        return local_identity(source.files)
+    return fineweb_identity(source)
 
 
-def iter_documents(cfg) -> Iterator[Document]:
-    kind = _kind(cfg)
+def iter_documents(source: SourceConfig) -> Iterator[Document]:
+    kind = _kind(source)
     if kind == "pydocs":
         return pydocs_documents()
     if kind == "local":
-        return local_documents(cfg.get("files"))
-    return fineweb_documents(cfg)
+        return local_documents(source.files)
+    return fineweb_documents(source)

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from .policies import Layout, PolicySettings
+from ..arrays import run_positions
+from .policies import PolicySettings
 from .samplers import build_sampler
 from .tokens import TokenSplit
 
@@ -49,8 +50,7 @@ def window_hashes(split: TokenSplit, window: int = LEAK_WINDOW, block_tokens: in
     """Yield (hashes, document) per block: a 64-bit polynomial rolling hash of every `window`
     consecutive tokens that lie inside one document's body, and that document's index."""
     for docs, body in _document_blocks(split, window, block_tokens or _BLOCK_TOKENS):
-        starts = np.repeat(np.cumsum(body) - body, body)
-        pos = np.arange(int(body.sum()), dtype=np.int64) - starts
+        pos = run_positions(body)
         x = _mix64(np.asarray(split.tokens[np.repeat(split.offsets[docs], body) + pos]))
         n = len(x) - window + 1
         h = np.zeros(n, dtype=np.uint64)
@@ -88,89 +88,51 @@ def _length_summary(lengths: np.ndarray) -> dict:
     }
 
 
-def _segments(settings: PolicySettings, layout: Layout, chunk_lengths: np.ndarray) -> np.ndarray:
-    """Lengths of the sequences attention runs over: padded rows, chunks, or concat segments."""
-    if settings.policy == "prepacked" and settings.strategy == "concat":
-        return layout.length if settings.document_mask else layout.unit_tokens
-    if settings.policy == "padded":
-        return layout.length
-    return chunk_lengths
+def inspect_split(
+    settings: PolicySettings, train: TokenSplit, validation: TokenSplit, packs_dir: Path | None = None
+) -> dict:
+    """Statistics of the train split under the policy of `settings` (the inspect-data keys of the
+    README), for one rank and epoch 0 (bestfit packs differ slightly per epoch). The policy's
+    sampler says what its batches cost (samplers.py); this module only adds them up:
 
-
-def inspect_split(cfg, train: TokenSplit, validation: TokenSplit, packs_dir: Path | None = None) -> dict:
-    """Statistics of the train split under cfg's policy (the DESIGN.md inspect-data keys), for one
-    rank and epoch 0 (bestfit packs differ slightly per epoch):
-
-    * `chunks` / `chunk_lengths`: the sequences attention runs over: padded rows (first chunks),
-      the chunks (bestfit, bfd), the document pieces of concat windows (document_mask=true) or the
-      windows themselves (document_mask=false);
-    * `packs`: padded rows or packs; `pack_utilization`: real tokens / computed slots (packs x
-      max_seq_len; padded rows count their padded width, so it is 1 - padding_waste there);
+    * `chunks` / `chunk_lengths`: the sequences attention runs over (`segment_lengths`);
+    * `packs`: padded rows or packs; `pack_utilization`: real tokens / `slots` (packs x max_seq_len;
+      a padded row counts its padded width, so it is 1 - padding_waste there);
+    * `padding_waste`: 1 - real tokens / `computed_rows`;
     * `truncated_pairs`: pairs no batch ever holds (the padded policy's cut document tails);
     * `tokens_per_step`: real tokens per microbatch (mean over the epoch) x train.accumulation;
       `steps_per_epoch`: microbatches per epoch // train.accumulation;
     * `verbatim_leaks`: validation documents sharing a 64-token window with a train document.
     Also `settings` (the policy's knobs) and `validation` (its size and validation batches)."""
-    settings = PolicySettings.from_cfg(cfg)
-    capacity = settings.max_seq_len
     sampler = build_sampler(settings, train, train=True, packs_dir=packs_dir)
-    plan = sampler._plan(0)
-    layout = plan.layout
-    unit_tokens = layout.unit_tokens
-    real = int(unit_tokens.sum())
-    units = len(layout)
-    segments = _segments(settings, layout, sampler.table.length)
-
-    padding_waste, computed = 0.0, units * capacity
-    if settings.policy == "padded":
-        ordered = unit_tokens[plan.order]
-        if settings.pad_to == "max":
-            computed = units * capacity
-        else:
-            heads = np.arange(0, units, plan.units_per_batch)
-            rows = np.diff(np.append(heads, units))
-            computed = int((np.maximum.reduceat(ordered, heads) * rows).sum())
-        padding_waste = 1.0 - real / computed if computed else 0.0
-    # A padded row holds its padded width (max_seq_len, or its batch's longest row): as in the batches.
-
-    cross = 0.0
-    if settings.policy == "prepacked" and settings.strategy == "concat" and not settings.document_mask and real:
-        first_piece = layout.length[layout.ptr[:-1][np.diff(layout.ptr) > 0]]
-        cross = float((unit_tokens[unit_tokens > 0] - first_piece).sum() / real)
-
+    plan = sampler.plan(0)
+    real = plan.real_tokens
+    segments = sampler.segment_lengths(plan)
+    computed = sampler.computed_rows(plan)
+    slots = sampler.slots(plan)
     global_batches = plan.global_batches
     accumulation = settings.accumulation
     val_sampler = build_sampler(settings, validation, train=False, packs_dir=packs_dir)
     overlap = len(set(train.ids) & set(validation.ids)) if train.ids and validation.ids else 0
+    own = {key.split(".")[-1]: value for key, value in sampler.policy_settings().items()}
     return {
         "policy": settings.policy,
-        "max_seq_len": capacity,
+        "max_seq_len": settings.max_seq_len,
         "documents": len(train),
         "raw_tokens": train.num_tokens,
         "prediction_pairs": train.num_pairs,
         "chunks": len(segments),
         "chunk_lengths": _length_summary(segments),
-        "packs": units,
-        "pack_utilization": real / computed if computed else 0.0,
-        "padding_waste": padding_waste,
-        "truncated_pairs": train.num_pairs - real if settings.policy == "padded" else 0,
-        "cross_document_visible_fraction": cross,
+        "packs": len(plan.layout),
+        "pack_utilization": real / slots if slots else 0.0,
+        "padding_waste": 1.0 - real / computed if computed else 0.0,
+        "truncated_pairs": sampler.truncated_pairs(plan),
+        "cross_document_visible_fraction": sampler.cross_document_visible_fraction(plan),
         "tokens_per_step": real / global_batches * accumulation if global_batches else 0.0,
         "steps_per_epoch": global_batches // accumulation,
         "train_validation_overlap": overlap,
         "verbatim_leaks": verbatim_leaks(train, validation),
-        "settings": {
-            "batch_size": settings.batch_size,
-            "accumulation": accumulation,
-            **({"pad_to": settings.pad_to} if settings.policy == "padded" else {}),
-            **({"strategy": settings.strategy} if settings.policy == "prepacked" else {}),
-            **(
-                {"document_mask": settings.document_mask}
-                if settings.policy == "prepacked" and settings.strategy == "concat"
-                else {}
-            ),
-            **({"packing_buffer": settings.packing_buffer} if settings.policy == "bestfit" else {}),
-        },
+        "settings": {"batch_size": settings.batch_size, "accumulation": accumulation, **own},
         "validation": {
             "documents": len(validation),
             "raw_tokens": validation.num_tokens,

@@ -13,19 +13,20 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from ..errors import TokenizerError
 from .files import sha256_file
+from .tokens import EOS_TOKEN_ID
+
+if TYPE_CHECKING:
+    from ..config import TokenizerConfig
 
 EOS_TEXT = "<|endoftext|>"
-EOS_TOKEN_ID = 50256
-GPT2_REPO = "openai-community/gpt2"
-GPT2_REVISION = "607a30d783dfa663caf39e06633721c8d4cfcd7e"
 
-
-class TokenizerError(RuntimeError):
-    pass
+__all__ = ["EOS_TEXT", "EOS_TOKEN_ID", "TokenizerError", "TokenizerFiles", "build_tokenizer", "resolve_files"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def bundled_files() -> TokenizerFiles:
     return TokenizerFiles(vocab=data / "encoder.json", merges=data / "vocab.bpe", origin="bundled")
 
 
-def hub_files(repo: str = GPT2_REPO, revision: str = GPT2_REVISION) -> TokenizerFiles:
+def hub_files(repo: str, revision: str) -> TokenizerFiles:
     """vocab.json / merges.txt of the pinned hub revision (downloaded once into the HF cache)."""
     from huggingface_hub import hf_hub_download
 
@@ -85,15 +86,15 @@ def hub_files(repo: str = GPT2_REPO, revision: str = GPT2_REVISION) -> Tokenizer
     return TokenizerFiles(vocab=Path(vocab), merges=Path(merges), origin="hub")
 
 
-def resolve_files(cfg) -> TokenizerFiles:
+def resolve_files(tokenizer: TokenizerConfig) -> TokenizerFiles:
     """The files named by the `tokenizer` config group: source = bundled | hub | files."""
-    source = cfg.get("source", "bundled")
+    source = str(tokenizer.source)
     if source == "bundled":
         return bundled_files()
     if source == "hub":
-        return hub_files(cfg.get("name", GPT2_REPO), cfg.get("revision", GPT2_REVISION))
+        return hub_files(tokenizer.name, tokenizer.revision)
     if source == "files":
-        vocab, merges = cfg.get("vocab_file"), cfg.get("merges_file")
+        vocab, merges = tokenizer.vocab_file, tokenizer.merges_file
         for key, path in (("tokenizer.vocab_file", vocab), ("tokenizer.merges_file", merges)):
             if not path or not Path(path).is_file():
                 raise TokenizerError(f"{key}={path!r} is not a file; give GPT-2's vocab.json and merges.txt")
@@ -119,8 +120,9 @@ def build_tokenizer(files: TokenizerFiles, special_tokens: bool = True) -> Token
     return tokenizer
 
 
-def load_tokenizer(cfg=None) -> tuple[Tokenizer, TokenizerFiles]:
-    files = resolve_files(cfg or {"source": "bundled"})
+def load_tokenizer(tokenizer: TokenizerConfig | None = None) -> tuple[Tokenizer, TokenizerFiles]:
+    """GPT-2's tokenizer with EOS registered (the bundled files unless `tokenizer` names others)."""
+    files = resolve_files(tokenizer) if tokenizer is not None else bundled_files()
     # Rayon threads inside encode_batch; must be decided before any fork.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     return build_tokenizer(files), files

@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import prefix_sums
+
+# GPT-2's facts, defined once: `<|endoftext|>` closes every cached document, and the vocabulary size.
 EOS_TOKEN_ID = 50256
+GPT2_VOCAB_SIZE = 50257
 
 
 @dataclass(frozen=True)
@@ -36,21 +40,12 @@ class TokenSplit:
         return np.asarray(self.tokens[self.offsets[i] : self.offsets[i] + self.lengths[i]])
 
     @classmethod
-    def from_documents(cls, documents: Sequence[Sequence[int]], name: str = "train", eos: bool = True) -> TokenSplit:
-        """An in-memory split (tests, benchmarks); appends EOS to each document unless `eos=False`."""
-        docs = [list(d) + ([EOS_TOKEN_ID] if eos else []) for d in documents]
-        lengths = np.array([len(d) for d in docs], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if docs else lengths
-        tokens = np.array([t for d in docs for t in d], dtype=np.uint32)
-        return cls(tokens=tokens, offsets=offsets, lengths=lengths, name=name)
-
-    @classmethod
-    def from_lengths(cls, lengths: Sequence[int], name: str = "train", seed: int = 0, vocab: int = 50256) -> TokenSplit:
-        """Random-token documents of the given lengths (EOS included in each length)."""
+    def from_lengths(cls, lengths: Sequence[int], name: str = "train", seed: int = 0, vocab: int = EOS_TOKEN_ID) -> TokenSplit:
+        """Random-token documents of the given lengths (EOS included in each length; body tokens < vocab):
+        synthetic splits for benchmarks, the GPU check and tests."""
         lengths = np.asarray(lengths, dtype=np.int64)
         rng = np.random.default_rng(seed)
         tokens = rng.integers(0, vocab, size=int(lengths.sum()), dtype=np.uint32)
-        ends = np.cumsum(lengths)
-        tokens[ends - 1] = EOS_TOKEN_ID
-        offsets = (ends - lengths).astype(np.int64)
-        return cls(tokens=tokens, offsets=offsets, lengths=lengths, name=name)
+        bounds = prefix_sums(lengths)
+        tokens[bounds[1:] - 1] = EOS_TOKEN_ID
+        return cls(tokens=tokens, offsets=bounds[:-1], lengths=lengths, name=name)

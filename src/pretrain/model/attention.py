@@ -20,6 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..arrays import prefix_sums
+from ..errors import ConfigError
+
 BACKENDS = ("sdpa", "flex", "varlen")
 CHOICES = ("auto", *BACKENDS)
 HALF_DTYPES = (torch.bfloat16, torch.float16)
@@ -33,7 +36,7 @@ FLEX_CPU_TRAINING = (
 def resolve_backend(name: str, device: torch.device | str) -> str:
     """The concrete backend for `name` on `device`: only `auto` is resolved (varlen on CUDA, else sdpa)."""
     if name not in CHOICES:
-        raise ValueError(f"attn.backend must be one of {', '.join(CHOICES)}; got {name!r}")
+        raise ConfigError(f"attn.backend must be one of {', '.join(CHOICES)}; got {name!r}")
     if name == "auto":
         return "varlen" if torch.device(device).type == "cuda" else "sdpa"
     return name
@@ -49,17 +52,17 @@ def check_backend(name: str, device: torch.device | str, dtype: torch.dtype, tra
     how = " (attn=auto picks varlen on CUDA)" if name == "auto" else ""
     if backend == "varlen":
         if kind != "cuda":
-            raise ValueError(
+            raise ConfigError(
                 f"attn=varlen runs only on CUDA (the flash varlen kernel), not on {kind}; use attn=sdpa "
                 f"(or attn=auto, which picks sdpa off CUDA)"
             )
         if dtype not in HALF_DTYPES:
-            raise ValueError(
+            raise ConfigError(
                 f"attn=varlen needs bf16 or fp16 q/k/v, got {dtype}{how}; train with bf16 mixed precision "
                 f"(e.g. trainer.precision=bf16-mixed) or use attn=sdpa"
             )
     if backend == "flex" and training and kind == "cpu":
-        raise ValueError(FLEX_CPU_TRAINING)
+        raise ConfigError(FLEX_CPU_TRAINING)
     return backend
 
 
@@ -78,7 +81,7 @@ class SdpaPlan:
 
     uniform_width: int
     buckets: tuple[tuple[int, int], ...] = ()  # (segments, width) per bucket, in gather order
-    gather: torch.Tensor | None = None  # (N,) row of [q; zero row] for each padded slot
+    gather: torch.Tensor | None = None  # (N,) row of q/k/v each bucket slot reads (pads: any real row)
     scatter: torch.Tensor | None = None  # (T,) slot of each token in the concatenated bucket outputs
 
 
@@ -101,7 +104,7 @@ def plan_sdpa(lengths: np.ndarray, device: torch.device | str, per_octave: int =
         return SdpaPlan(uniform_width=0)
     if (real == real[0]).all():
         return SdpaPlan(uniform_width=int(real[0]))
-    starts = np.cumsum(lengths) - lengths
+    starts = prefix_sums(lengths)[:-1]
     seg = np.flatnonzero(lengths > 0)
     grid = bucket_widths(lengths[seg], per_octave)
     order = seg[np.lexsort((seg, grid))]  # grouped by bucket, batch order inside a bucket
@@ -233,7 +236,7 @@ def flex_attention(
 
     if q.device.type == "cpu":
         if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-            raise ValueError(FLEX_CPU_TRAINING)
+            raise ConfigError(FLEX_CPU_TRAINING)
         # Torch refuses CPU flex whenever an input requires grad, even under no_grad.
         q, k, v = q.detach(), k.detach(), v.detach()
     shaped = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)]  # (1, H, T, D)
@@ -282,7 +285,7 @@ def prepare_attention(
     cu_seqlens: torch.Tensor,
     lengths: np.ndarray,
     device: torch.device,
-    flex_compile: bool | str = "auto",
+    compile: bool | str = "auto",
 ) -> AttentionBatch:
     """Build what `backend` needs for this batch: sdpa bucket plan, flex BlockMask, varlen boundaries."""
     device = torch.device(device)
@@ -291,7 +294,7 @@ def prepare_attention(
     if backend == "sdpa":
         return AttentionBatch(backend, cu, max_seqlen, sdpa_plan=plan_sdpa(lengths, device))
     if backend == "flex":
-        compiled = device.type == "cuda" if flex_compile == "auto" else bool(flex_compile)
+        compiled = device.type == "cuda" if compile == "auto" else bool(compile)
         mask = document_block_mask(lengths, device)
         return AttentionBatch(backend, cu, max_seqlen, block_mask=mask, compiled=compiled)
     if backend == "varlen":

@@ -11,13 +11,13 @@ interchangeable; `dropout` applies to embeddings and residual branches as in GPT
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..data.batch import PackedBatch
+from ..errors import ConfigError
 from .attention import CHOICES, AttentionBatch, attention, check_backend, prepare_attention
 from .config import GPTConfig
 from .loss import token_cross_entropy
@@ -64,18 +64,18 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT-2 on PackedBatch. `attn` is `auto`, `sdpa`, `flex` or `varlen` (attention.py);
-    `flex_compile` is `auto` (compile flex_attention on CUDA only), True or False."""
+    """GPT-2 on PackedBatch. `attn` is `attn.backend`: `auto`, `sdpa`, `flex` or `varlen`
+    (attention.py); `compile` is `attn.compile`: `auto` (compile flex_attention on CUDA only), True or False."""
 
-    def __init__(self, config: GPTConfig, attn: str = "sdpa", flex_compile: bool | str = "auto"):
+    def __init__(self, config: GPTConfig, attn: str = "sdpa", compile: bool | str = "auto"):
         super().__init__()
         if attn not in CHOICES:
-            raise ValueError(f"attn.backend must be one of {', '.join(CHOICES)}; got {attn!r}")
-        if flex_compile not in ("auto", True, False):
-            raise ValueError(f"attn.compile must be auto, true or false; got {flex_compile!r}")
+            raise ConfigError(f"attn.backend must be one of {', '.join(CHOICES)}; got {attn!r}")
+        if compile not in ("auto", True, False):
+            raise ConfigError(f"attn.compile must be auto, true or false; got {compile!r}")
         self.config = config
-        self.attn_backend = attn
-        self.flex_compile = flex_compile
+        self.attn_backend = str(attn)
+        self.compile = compile
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.wpe = nn.Embedding(config.max_seq_len, config.d_model)
         self.drop = nn.Dropout(config.dropout)
@@ -93,14 +93,6 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-
-    @classmethod
-    def from_config(cls, model_cfg: Mapping, attn_backend: str | Mapping = "auto") -> GPT:
-        """From conf/model/*.yaml and either a backend name or the conf/attn/*.yaml node."""
-        config = GPTConfig.from_mapping(model_cfg)
-        if isinstance(attn_backend, Mapping) or hasattr(attn_backend, "items"):
-            return cls(config, attn=attn_backend["backend"], flex_compile=attn_backend.get("compile", "auto"))
-        return cls(config, attn=attn_backend)
 
     def num_parameters(self, exclude_position_embeddings: bool = False) -> int:
         """Distinct parameters (the tied head counts once)."""
@@ -125,7 +117,7 @@ class GPT(nn.Module):
         device = self.wte.weight.device
         backend = self.backend(device)  # before any compute: a backend that cannot run fails here
         lengths = check_batch(batch, self.config.max_seq_len)
-        meta = prepare_attention(backend, batch.cu_seqlens, lengths, device, self.flex_compile)
+        meta = prepare_attention(backend, batch.cu_seqlens, lengths, device, self.compile)
         input_ids = batch.input_ids.to(device, non_blocking=True)
         position_ids = batch.position_ids.to(device, non_blocking=True)
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
@@ -150,8 +142,3 @@ class GPT(nn.Module):
                 f"loss denominator must be > 0 (e.g. the step's real targets), got {denominator!r}"
             )
         return self.token_losses(batch).sum() / denominator
-
-
-def build_model(cfg_model: Mapping, backend: str | Mapping = "auto") -> GPT:
-    """`GPT.from_config` as a function (Hydra: build_model(cfg.model, cfg.attn))."""
-    return GPT.from_config(cfg_model, backend)

@@ -1,1 +1,2 @@
-"""Training: the Lightning data module and model module, the token-weighted update, run and compare."""
+"""Training: the one `train(cfg)` (run.py), its start-up checks, the Lightning data module and model
+module, the token-weighted update, loggers and the batch recorder."""

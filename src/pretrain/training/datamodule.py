@@ -16,9 +16,11 @@ import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..data.batch import PackedBatch
-from ..data.cache import Cache, cache_identity, identity_key
+from ..data.cache import Cache, CacheSpec
+from ..data.policies import PolicySettings
 from ..data.prepare import prepare_cache
-from ..data.samplers import build_sampler
+from ..data.samplers import Sampler, build_sampler
+from ..errors import CheckpointError, ConfigError
 
 STATE_FORMAT = 1
 
@@ -52,7 +54,7 @@ class UpdateStream(IterableDataset):
                     yield Update(microbatches=group, sampler_state=copy.deepcopy(self.sampler.state_dict()))
                     group = []
             if not produced:
-                raise RuntimeError(
+                raise ConfigError(
                     "the training split yields no batch for this rank: the cache is too small for "
                     "train.batch_size x world size; lower train.batch_size or raise budget.train_tokens"
                 )
@@ -63,14 +65,16 @@ def _as_is(item):
 
 
 class PretrainDataModule(L.LightningDataModule):
-    def __init__(self, cfg, cache_key: str | None = None):
+    """The cache of `cache` (its identity computed once by the run's entry) batched by `policy`."""
+
+    def __init__(self, cache: CacheSpec, policy: PolicySettings):
         super().__init__()
-        self.cfg = cfg
-        # The identity hashes local source files: computed once, not at every checkpoint.
-        self.cache_key = cache_key or identity_key(cache_identity(cfg))
+        self.spec = cache
+        self.policy = policy
+        self.cache_key = cache.key
         self.cache: Cache | None = None
-        self.train_sampler = None
-        self.val_sampler = None
+        self.train_sampler: Sampler | None = None
+        self.val_sampler: Sampler | None = None
         self._trained_state: dict | None = None  # sampler state after the last trained update
         self._resume_state: dict | None = None  # from a checkpoint, applied when the sampler is built
         self._resume_validation: dict | None = None
@@ -78,17 +82,17 @@ class PretrainDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         # Local rank 0 builds or verifies; the other ranks verify in setup() (the file lock makes
         # them wait for a build). Kept so that this process does not hash the files twice.
-        self.cache = prepare_cache(self.cfg)
+        self.cache = prepare_cache(self.spec)
 
     def setup(self, stage: str | None = None) -> None:
         if self.cache is None:
-            self.cache = prepare_cache(self.cfg, progress=False)
+            self.cache = prepare_cache(self.spec, progress=False)
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         common = dict(rank=rank, world_size=world, packs_dir=self.cache.packs_dir)
         if self.train_sampler is None:
-            self.train_sampler = build_sampler(self.cfg, self.cache.split("train"), train=True, **common)
+            self.train_sampler = build_sampler(self.policy, self.cache.split("train"), train=True, **common)
         if self.val_sampler is None:
-            self.val_sampler = build_sampler(self.cfg, self.cache.split("validation"), train=False, **common)
+            self.val_sampler = build_sampler(self.policy, self.cache.split("validation"), train=False, **common)
 
     def val_sampler_ready(self):
         """The validation sampler, with the checkpoint's state applied once (its order is fixed, so
@@ -102,7 +106,7 @@ class PretrainDataModule(L.LightningDataModule):
         if self._resume_state is not None:
             self.train_sampler.load_state_dict(copy.deepcopy(self._resume_state))
             self._trained_state, self._resume_state = self._resume_state, None
-        stream = UpdateStream(self.train_sampler, int(self.cfg.train.accumulation))
+        stream = UpdateStream(self.train_sampler, self.policy.accumulation)
         return DataLoader(stream, batch_size=None, collate_fn=_as_is, num_workers=0)
 
     def mark_trained(self, sampler_state: dict) -> None:
@@ -119,7 +123,7 @@ class PretrainDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("cache_key") not in (None, self.cache_key):
-            raise ValueError(
+            raise CheckpointError(
                 f"the checkpoint was trained on cache {state.get('cache_key')}, this config gives {self.cache_key}: "
                 "resume with the same source, tokenizer, split and budget settings"
             )

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dataclasses import asdict
+
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
-from omegaconf import OmegaConf
+
+from ..config import Config, LoggerConfig
 
 
 def wandb_mode(requested: str | None) -> str:
@@ -21,10 +24,10 @@ def wandb_mode(requested: str | None) -> str:
     return "online" if has_key else "offline"
 
 
-def run_group(cfg) -> str:
+def run_group(logger: LoggerConfig, experiment_name: str) -> str:
     """W&B group: the explicit one, else the multirun's sweep directory, else the experiment name."""
-    if cfg.logger.get("group"):
-        return str(cfg.logger.group)
+    if logger.group:
+        return logger.group
     try:
         from hydra.core.hydra_config import HydraConfig
 
@@ -33,26 +36,25 @@ def run_group(cfg) -> str:
             return "/".join(Path(hydra_cfg.sweep.dir).parts[-3:])
     except ValueError:  # not under Hydra
         pass
-    return str(cfg.get("experiment_name") or "default")
+    return experiment_name
 
 
-def build_loggers(cfg, output_dir: Path) -> list[Logger]:
+def build_loggers(config: Config, output_dir: Path) -> list[Logger]:
     loggers: list[Logger] = [CSVLogger(save_dir=str(output_dir), name="", version="")]
-    if cfg.logger.kind == "wandb":
-        tags = list(cfg.logger.get("tags") or []) + [f"policy:{cfg.data.policy}", f"attn:{cfg.attn.backend}", f"model:{cfg.model.name}"]
+    logger = config.logger
+    if logger.kind == "wandb":
+        tags = [*logger.tags, f"policy:{config.data.policy}", f"attn:{config.attn.backend}", f"model:{config.model.name}"]
         loggers.append(
             WandbLogger(
-                project=cfg.logger.get("project", "pretrain"),
-                entity=cfg.logger.get("entity"),
-                group=run_group(cfg),
+                project=logger.project,
+                entity=logger.entity,
+                group=run_group(logger, config.experiment_name),
                 tags=tags,
                 save_dir=str(output_dir),
-                mode=wandb_mode(cfg.logger.get("mode")),
-                config=OmegaConf.to_container(cfg, resolve=True),
+                mode=wandb_mode(logger.mode),
+                config=asdict(config),
             )
         )
-    elif cfg.logger.kind != "csv":
-        raise ValueError(f"logger.kind={cfg.logger.kind!r} is not csv or wandb (pick logger=csv or logger=wandb)")
     return loggers
 
 

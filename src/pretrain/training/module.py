@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
+from dataclasses import asdict
 
 import lightning as L
 import torch
-from omegaconf import OmegaConf
 
+from ..config import TrainConfig
 from ..model import GPT, GPTConfig
 from .update import run_update
 
@@ -32,41 +34,49 @@ def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
 
 
 class PretrainModule(L.LightningModule):
+    """`model` and `train` are the run's GPTConfig and `train` group (or their dicts, as a checkpoint's
+    hyper-parameters hold them); `compile` is `attn.compile`."""
+
     def __init__(
-        self, model: dict, train: dict, attn_backend: str, max_seq_len: int, cache_key: str, attn_compile="auto"
+        self,
+        model: GPTConfig | Mapping,
+        train: TrainConfig | Mapping,
+        attn_backend: str,
+        max_seq_len: int,
+        cache_key: str,
+        compile: bool | str = "auto",
     ):
         super().__init__()
-        self.save_hyperparameters()
+        self.gpt_config = model if isinstance(model, GPTConfig) else GPTConfig(**model)
+        self.settings = train if isinstance(train, TrainConfig) else TrainConfig(**train)
+        self.save_hyperparameters(
+            {
+                "model": asdict(self.gpt_config),
+                "train": asdict(self.settings),
+                "attn_backend": attn_backend,
+                "max_seq_len": max_seq_len,
+                "cache_key": cache_key,
+                "compile": compile,
+            }
+        )
         self.automatic_optimization = False
-        self.gpt_config = GPTConfig.from_mapping(model)
-        self.model = GPT(self.gpt_config, attn=attn_backend, flex_compile=attn_compile)
-        self.train_cfg = train
+        self.model = GPT(self.gpt_config, attn=attn_backend, compile=compile)
         self.tokens_seen = 0  # real tokens trained on, all ranks; restored from the checkpoint
         self._last_step_end: float | None = None
         self.last_metrics: dict[str, float] = {}  # latest value of each metric, for the run summary
 
-    @classmethod
-    def from_config(cls, cfg, attn_backend: str, cache_key: str) -> PretrainModule:
-        return cls(
-            model=OmegaConf.to_container(cfg.model, resolve=True),
-            train=OmegaConf.to_container(cfg.train, resolve=True),
-            attn_backend=attn_backend,
-            attn_compile=cfg.attn.get("compile", "auto"),
-            max_seq_len=int(cfg.data.max_seq_len),
-            cache_key=cache_key,
-        )
-
     # --- optimization -------------------------------------------------------------------------
     def configure_optimizers(self):
-        cfg = self.train_cfg
+        settings = self.settings
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
+        beta1, beta2 = settings.betas
         optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": float(cfg["weight_decay"])}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=float(cfg["lr"]),
-            betas=tuple(cfg.get("betas", (0.9, 0.95))),
+            [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=settings.lr,
+            betas=(beta1, beta2),
         )
-        schedule = lr_lambda(int(cfg["warmup_steps"]), int(cfg["max_steps"]), float(cfg["min_lr_ratio"]))
+        schedule = lr_lambda(settings.warmup_steps, settings.max_steps, settings.min_lr_ratio)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -85,9 +95,8 @@ class PretrainModule(L.LightningModule):
             all_reduce_sum=self._all_reduce_sum,
             world_size=self.trainer.world_size,
         )
-        clip = self.train_cfg.get("grad_clip")
-        if clip:
-            self.clip_gradients(optimizer, gradient_clip_val=float(clip), gradient_clip_algorithm="norm")
+        if self.settings.grad_clip:
+            self.clip_gradients(optimizer, gradient_clip_val=self.settings.grad_clip, gradient_clip_algorithm="norm")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
@@ -117,7 +126,7 @@ class PretrainModule(L.LightningModule):
         """Straight to the loggers, keyed by optimizer steps done. (self.log would keep re-emitting
         the last val/loss on every later step, and its step counter is not ours.)"""
         step = int(self.trainer.global_step)
-        every = int(self.train_cfg.get("log_every_n_steps") or 1)
+        every = self.settings.log_every_n_steps
         if "val/loss" in metrics or step % every == 0 or step == 1:
             for logger in self.loggers:
                 logger.log_metrics(metrics, step=step)
@@ -134,8 +143,8 @@ class PretrainModule(L.LightningModule):
     # Run from training_step on the optimizer-step count, not by Lightning's batch counter, which
     # restarts on resume: a resumed run validates at exactly the steps an uninterrupted one does.
     def _should_validate(self) -> bool:
-        step, every = self.trainer.global_step, int(self.train_cfg["val_every_n_steps"])
-        return step % every == 0 or step >= int(self.train_cfg["max_steps"])
+        step, every = self.trainer.global_step, self.settings.val_every_n_steps
+        return step % every == 0 or step >= self.settings.max_steps
 
     @torch.no_grad()
     def validation_loss(self) -> float:

@@ -1,4 +1,9 @@
-"""`python train.py`: check the config, prepare or verify the cache, train with Lightning, report."""
+"""`train(cfg)`: the one entry of a training run (`python train.py` calls it, so do tests).
+
+It turns the composed config into typed settings once (`RunSettings`), checks what the machine and a
+checkpoint allow, prepares or verifies the cache, trains with Lightning, writes `run.json` and
+`config.yaml`, and tells the user where everything went.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +11,20 @@ import json
 import logging
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
 
-from ..data.cache import cache_identity, identity_key
-from .checks import check_config
+from ..config import Config, to_config
+from ..data.cache import CacheSpec
+from ..data.policies import PolicySettings
+from ..model import GPTConfig
+from .checks import attention_backend, check_checkpoint
 from .datamodule import PretrainDataModule
 from .loggers import build_loggers, finish_loggers
 from .module import PretrainModule
@@ -52,13 +62,41 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*The dirpath has changed from.*")
 
 
-def _output_dir(cfg) -> Path:
-    try:
+def _hydra_mode() -> str | None:
+    """RUN or MULTIRUN under @hydra.main, else None (tests, notebooks)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().mode.name if HydraConfig.initialized() else None
+
+
+def _output_dir(configured: str | None) -> Path:
+    if _hydra_mode() is not None:
         from hydra.core.hydra_config import HydraConfig
 
         return Path(HydraConfig.get().runtime.output_dir)
-    except ValueError:  # not under @hydra.main (tests, notebooks)
-        return Path(cfg.get("output_dir") or "outputs/manual").resolve()
+    return Path(configured or "outputs/manual").resolve()
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a run builds from its config, once, before any heavy work; passed down as plain values."""
+
+    config: Config
+    policy: PolicySettings
+    model: GPTConfig
+    cache: CacheSpec  # its identity hashes every local source file: computed here only
+    attn_backend: str  # resolved: `auto` is never passed down
+    output_dir: Path
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig | Config) -> RunSettings:
+        config = to_config(cfg)
+        policy = PolicySettings.from_config(config.data, config.train, config.seed)
+        backend = attention_backend(config.attn, config.trainer)
+        model = GPTConfig.from_settings(config.model)
+        cache = CacheSpec.from_config(config)
+        check_checkpoint(config.ckpt_path, policy.max_seq_len, model, cache.key)
+        return cls(config, policy, model, cache, backend, _output_dir(config.output_dir))
 
 
 class StepProgressBar(RichProgressBar):
@@ -68,9 +106,9 @@ class StepProgressBar(RichProgressBar):
         return f"train (max {self.trainer.max_steps} steps)"
 
 
-def build_trainer(cfg, output_dir: Path, callbacks=()) -> L.Trainer:
-    t = cfg.train
-    every = int(t.checkpoint_every_n_steps or 0)
+def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
+    t, trainer = config.train, config.trainer
+    every = t.checkpoint_every_n_steps or 0
     checkpoints = ModelCheckpoint(
         dirpath=output_dir / "checkpoints",
         filename="step{step:06d}",
@@ -79,60 +117,68 @@ def build_trainer(cfg, output_dir: Path, callbacks=()) -> L.Trainer:
         save_top_k=-1,
         save_last=True,
     )
+    progress = [StepProgressBar()] if config.progress_bar else []
     return L.Trainer(
-        accelerator=cfg.trainer.accelerator,
-        devices=cfg.trainer.devices,
-        num_nodes=cfg.trainer.get("num_nodes", 1),
-        strategy=cfg.trainer.strategy,
-        precision=cfg.trainer.precision,
-        max_steps=int(t.max_steps),
+        accelerator=trainer.accelerator,
+        devices=trainer.devices,
+        num_nodes=trainer.num_nodes,
+        strategy=trainer.strategy,
+        precision=trainer.precision,  # type: ignore[arg-type]
+        max_steps=t.max_steps,
         max_epochs=-1,
         # Validation runs inside training_step on the optimizer-step count (see module.py).
         limit_val_batches=0,
         num_sanity_val_steps=0,
-        log_every_n_steps=int(t.log_every_n_steps),
-        logger=build_loggers(cfg, output_dir),
-        callbacks=[checkpoints, StepProgressBar(), *callbacks] if cfg.get("progress_bar", True) else [checkpoints, *callbacks],
+        log_every_n_steps=t.log_every_n_steps,
+        logger=build_loggers(config, output_dir),
+        callbacks=[checkpoints, *progress, *callbacks],
         default_root_dir=str(output_dir),
-        deterministic=bool(t.get("deterministic", False)),
+        deterministic=t.deterministic,
         use_distributed_sampler=False,  # our samplers split packs over ranks themselves
         enable_model_summary=False,
-        enable_progress_bar=bool(cfg.get("progress_bar", True)),
+        enable_progress_bar=config.progress_bar,
     )
 
 
-def train(cfg, callbacks=()) -> dict:
+def train(cfg: DictConfig | Config, callbacks=()) -> dict:
     """Run one training job; returns its summary (also written to run.json in the output dir)."""
     quiet_lightning()
-    output_dir = _output_dir(cfg)
+    run = RunSettings.from_config(cfg)
+    config, output_dir = run.config, run.output_dir
     output_dir.mkdir(parents=True, exist_ok=True)
-    cache_key = identity_key(cache_identity(cfg))
-    backend = check_config(cfg, cache_key)
-    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
-    datamodule = PretrainDataModule(cfg, cache_key=cache_key)
-    module = PretrainModule.from_config(cfg, attn_backend=backend, cache_key=cache_key)
-    if cfg.get("record_batches"):
+    L.seed_everything(config.seed, workers=True, verbose=False)
+    datamodule = PretrainDataModule(run.cache, run.policy)
+    module = PretrainModule(
+        model=run.model,
+        train=config.train,
+        attn_backend=run.attn_backend,
+        max_seq_len=run.policy.max_seq_len,
+        cache_key=run.cache.key,
+        compile=config.attn.compile,
+    )
+    if config.record_batches:
         callbacks = [*callbacks, BatchRecorder(output_dir)]
-    trainer = build_trainer(cfg, output_dir, callbacks)
+    trainer = build_trainer(config, output_dir, callbacks)
     started = time.perf_counter()
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
     finally:
         # Trainer(deterministic=True) flips a process-wide torch flag; later jobs in this process
         # (a multirun, a notebook) must not inherit it.
         torch.use_deterministic_algorithms(deterministic_before)
     last = output_dir / "checkpoints" / "last.ckpt"
     trainer.save_checkpoint(last)
+    assert datamodule.cache is not None
     summary = {
         "output_dir": str(output_dir),
         "checkpoint": str(last),
         "cache_dir": str(datamodule.cache.directory),
-        "policy": str(cfg.data.policy),
-        "attn": backend,
-        "model": str(cfg.model.name),
-        "max_seq_len": int(cfg.data.max_seq_len),
-        "batch_size": cfg.train.batch_size,
+        "policy": run.policy.policy,
+        "attn": run.attn_backend,
+        "model": config.model.name,
+        "max_seq_len": run.policy.max_seq_len,
+        "batch_size": config.train.batch_size,
         "steps": int(trainer.global_step),
         "tokens": int(module.tokens_seen),
         "seconds": round(time.perf_counter() - started, 2),
@@ -142,5 +188,23 @@ def train(cfg, callbacks=()) -> dict:
     finish_loggers(trainer)
     if trainer.is_global_zero:
         (output_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
-        OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+        OmegaConf.save(OmegaConf.structured(config), output_dir / "config.yaml", resolve=True)
+        report(summary)
     return summary
+
+
+def report(summary: dict) -> None:
+    """Where everything went, on stderr; a single run under Hydra also gets its comparison plot."""
+    console = Console(stderr=True)
+    output = Path(summary["output_dir"])
+    if _hydra_mode() == "RUN":
+        from ..report.compare import compare
+
+        plot = compare([output], output=output / "compare.png", quiet=True)
+        console.print(f"comparison plot: {plot}")
+    metrics = summary["metrics"]
+    console.print(
+        f"[bold]done[/bold]: {summary['steps']} steps, {summary['tokens']:,} real tokens, "
+        f"train/loss {metrics.get('train/loss', float('nan')):.3f}, val/loss {metrics.get('val/loss', float('nan')):.3f}"
+    )
+    console.print(f"outputs: {output}\ncheckpoint: {summary['checkpoint']}\nmetrics: {output / 'metrics.csv'}")

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from ..errors import ConfigError
+
 
 @dataclass
 class Run:
@@ -41,10 +43,10 @@ def find_runs(directories: list[Path]) -> list[Path]:
     runs = []
     for directory in directories:
         if not directory.exists():
-            raise FileNotFoundError(f"{directory} does not exist")
+            raise ConfigError(f"{directory} does not exist")
         found = sorted(p.parent for p in directory.rglob("metrics.csv"))
         if not found:
-            raise FileNotFoundError(f"no metrics.csv under {directory}: is it a run or multirun output directory?")
+            raise ConfigError(f"no metrics.csv under {directory}: is it a run or multirun output directory?")
         runs.extend(found)
     return list(dict.fromkeys(runs))
 

@@ -1,0 +1,63 @@
+"""The errors a user can fix: one family, so the CLI reports exactly these in one line.
+
+Each derives from `PretrainError` and from the builtin it used to be (ValueError for bad settings,
+RuntimeError for a broken cache, source or tokenizer), so `except ValueError` code keeps working.
+Anything else (a torch, CUDA or programming error) is not caught and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class PretrainError(Exception):
+    """Base of every error whose message says what to change."""
+
+
+class ConfigError(PretrainError, ValueError):
+    """A config value, override or command-line argument that cannot work."""
+
+
+class SourceError(PretrainError, RuntimeError):
+    """A document source that cannot be read (missing file, bad format, unreachable hub)."""
+
+
+class TokenizerError(PretrainError, RuntimeError):
+    """Tokenizer files that are missing or are not GPT-2's."""
+
+
+class CacheError(PretrainError, RuntimeError):
+    """A cache that is missing, incomplete, corrupt or of another identity."""
+
+
+class CheckpointError(PretrainError, ValueError):
+    """A checkpoint that does not exist or does not fit the config it is resumed with."""
+
+
+def one_line_errors() -> tuple[type[BaseException], ...]:
+    """What the command line reports without a traceback: our family and Hydra's config errors."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return (PretrainError, HydraException, OmegaConfBaseException)
+
+
+def describe(error: BaseException) -> str:
+    """The error's message; Hydra's "Error merging override k=v" also gets its cause's first line."""
+    message = str(error).strip()
+    cause = error.__cause__
+    if cause is not None and str(cause).strip() and str(cause).strip() not in message:
+        message += f": {str(cause).strip().splitlines()[0]}"
+    return message
+
+
+@contextmanager
+def exit_on_user_error(code: int = 2) -> Iterator[None]:
+    """Print a user error as `error: ...` on stderr and exit with `code`; re-raise anything else."""
+    try:
+        yield
+    except one_line_errors() as error:
+        print(f"error: {describe(error)}", file=sys.stderr)
+        raise SystemExit(code) from None
