@@ -239,7 +239,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     """final learning rate / peak learning rate"""
     weight_decay: float = 0.1
-    """AdamW weight decay of matrices (biases, LayerNorms and embeddings' 1-D params get none)"""
+    """AdamW weight decay of matrices and embeddings (biases and LayerNorm weights get none)"""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     """AdamW betas"""
     grad_clip: float | None = 1.0
@@ -380,6 +380,10 @@ def markdown_reference() -> str:
         "|---|---|---|",
     ]
     lines += [f"| `{key}` | `{default}` | {doc} |" for key, default, doc in schema_rows()]
+    lines += ["", "## Group options", "", "| group | options (`group=option`) |", "|---|---|"]
+    for group in sorted(p for p in config_dir().iterdir() if p.is_dir() and p.name != "hydra"):
+        options = ", ".join(f"`{f.stem}`" for f in sorted(group.glob("*.yaml")))
+        lines.append(f"| `{group.name}` | {options} |")
     return "\n".join(lines) + "\n"
 
 

@@ -23,8 +23,7 @@ class UpdateResult:
     num_targets: int  # real targets in the whole update (all ranks)
     real_tokens: int  # real tokens in the whole update (all ranks)
     computed_tokens: int  # rows the model computed, pads included (all ranks)
-    packs: int  # packs (or padded rows) in the update (all ranks)
-    capacity_slots: int  # packs x capacity (all ranks)
+    capacity_slots: int  # packs (or padded rows) x their capacity (all ranks)
 
 
 def _identity_sum(values: torch.Tensor) -> torch.Tensor:
@@ -52,7 +51,6 @@ def run_update(
             sum(mb.num_targets for mb in microbatches),
             sum(mb.real_tokens for mb in microbatches),
             sum(mb.num_tokens for mb in microbatches),
-            sum(len(mb.pack_lengths) for mb in microbatches),
             sum(len(mb.pack_lengths) * mb.capacity for mb in microbatches),
         ],
         dtype=torch.float64,
@@ -73,6 +71,5 @@ def run_update(
         num_targets=num_targets,
         real_tokens=int(totals[1].item()),
         computed_tokens=int(totals[2].item()),
-        packs=int(totals[3].item()),
-        capacity_slots=int(totals[4].item()),
+        capacity_slots=int(totals[3].item()),
     )

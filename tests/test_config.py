@@ -1,0 +1,178 @@
+"""The typed config: schema, one place for defaults, errors that name the key, one error family."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from dataclasses import fields, is_dataclass
+from typing import get_type_hints
+
+import pytest
+import yaml
+from conftest import REPO, cli_env, prepare_command
+from hydra.errors import ConfigCompositionException
+from omegaconf import MISSING, OmegaConf
+
+from pretrain import config as schema
+from pretrain import errors
+from pretrain.config import Config, load_config, to_config
+
+GROUPS = sorted(p.name for p in (REPO / "conf").iterdir() if p.is_dir() and p.name not in ("hydra", "experiment"))
+
+
+def schema_classes(cls=Config):
+    """Every dataclass of the schema, the root first."""
+    found = [cls]
+    for name, hint in get_type_hints(cls).items():
+        if isinstance(hint, type) and is_dataclass(hint):
+            found += schema_classes(hint)
+    return found
+
+
+def composition_error(*overrides: str) -> str:
+    with pytest.raises(ConfigCompositionException) as info:
+        load_config(list(overrides))
+    return errors.describe(info.value)
+
+
+def test_every_field_has_a_one_line_doc():
+    for cls in schema_classes():
+        docs = schema.field_docs(cls)
+        for f in fields(cls):
+            if is_dataclass(get_type_hints(cls)[f.name]):
+                continue  # a group: documented by its own fields
+            assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
+            assert "\n" not in docs[f.name]
+
+
+def test_docs_config_md_is_generated_from_the_schema():
+    generated = schema.markdown_reference()
+    assert (REPO / "docs" / "config.md").read_text() == generated, "run: python -m pretrain.config > docs/config.md"
+    keys = [row[0] for row in schema.schema_rows()]
+    assert {"train.lr", "data.policy", "source.files", "model.max_seq_len", "ckpt_path"} <= set(keys)
+    assert len(keys) == len(set(keys))
+
+
+def test_group_files_never_repeat_a_schema_default():
+    """Defaults live in the schema only: a group option sets the keys it chooses, nothing else."""
+    defaults = OmegaConf.to_container(OmegaConf.structured(Config), resolve=False)
+    for group in GROUPS:
+        for path in sorted((REPO / "conf" / group).glob("*.yaml")):
+            values = yaml.safe_load(path.read_text()) or {}
+            for key, value in values.items():
+                assert key in defaults[group], f"{path}: {key} is not in the schema"
+                default = defaults[group][key]
+                assert default == MISSING or default != value, f"{path}: {key}={value!r} repeats the schema default"
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_every_group_option_composes_to_the_typed_config(group):
+    for path in sorted((REPO / "conf" / group).glob("*.yaml")):
+        config = to_config(load_config([f"{group}={path.stem}"]))
+        assert isinstance(config, Config)
+        node = getattr(config, group)
+        assert all(not OmegaConf.is_missing(OmegaConf.structured(node), f.name) for f in fields(node))
+
+
+@pytest.mark.parametrize("experiment", ["corrected", "minimind", "smoke"])
+def test_experiments_compose(experiment):
+    config = to_config(load_config([f"experiment={experiment}"]))
+    assert config.experiment_name == experiment
+    assert config.model.max_seq_len == config.data.max_seq_len  # the interpolation in the schema
+
+
+def test_wrong_type_names_the_key_and_the_type():
+    message = composition_error("train.lr=abc")
+    assert "train.lr=abc" in message and "could not be converted to Float" in message
+    assert "train.max_steps" in composition_error("train.max_steps=1.5")
+    assert "document_mask" in composition_error("data.document_mask=maybe")
+
+
+def test_unknown_key_fails_at_composition():
+    message = composition_error("train.learning_rate=0.1")
+    assert "train.learning_rate" in message
+    assert "model.n_layers" in composition_error("model.n_layers=3")
+
+
+def test_a_choice_outside_its_values_lists_them():
+    message = composition_error("data.policy=greedy")
+    assert "greedy" in message and "padded, prepacked, bestfit" in message
+    assert "sdpa" in composition_error("attn.backend=flash")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("split.validation_fraction=1.5", "split.validation_fraction"),
+        ("budget.train_tokens=-1", "budget.train_tokens"),
+        ("train.max_steps=0", "train.max_steps"),
+        ("train.lr=0", "train.lr"),
+        ("attn.compile=sometimes", "attn.compile"),
+    ],
+)
+def test_range_checks_run_when_the_typed_config_is_built(override, message):
+    cfg = load_config([override])
+    with pytest.raises(errors.ConfigError, match=message.replace(".", r"\.")):
+        to_config(cfg)
+
+
+def test_to_config_gives_plain_typed_values():
+    config = to_config(load_config(["data=padded", "data.max_seq_len=64", "source=local", "source.files=[a.parquet]"]))
+    assert config.data.policy == "padded" and config.data.max_seq_len == 64 == config.model.max_seq_len
+    assert config.source.files == ["a.parquet"] and isinstance(config.source.files, list)
+    assert config.train.betas == [0.9, 0.95]
+    assert to_config(config) is config
+
+
+def test_error_family():
+    for cls, builtin in [
+        (errors.ConfigError, ValueError),
+        (errors.CheckpointError, ValueError),
+        (errors.SourceError, RuntimeError),
+        (errors.TokenizerError, RuntimeError),
+        (errors.CacheError, RuntimeError),
+    ]:
+        assert issubclass(cls, errors.PretrainError) and issubclass(cls, builtin)
+
+
+def test_user_errors_exit_2_in_one_line_and_others_keep_their_traceback(capsys):
+    with pytest.raises(SystemExit) as info, errors.exit_on_user_error():
+        raise errors.CacheError("the cache at X is corrupt; rebuild it")
+    assert info.value.code == 2
+    assert capsys.readouterr().err == "error: the cache at X is corrupt; rebuild it\n"
+    with pytest.raises(RuntimeError, match="CUDA error"), errors.exit_on_user_error():
+        raise RuntimeError("CUDA error: device-side assert triggered")  # not ours: traceback kept
+    with pytest.raises(ValueError, match="plain"), errors.exit_on_user_error():
+        raise ValueError("plain")
+
+
+def test_cli_bad_override_is_one_line_naming_the_key(tmp_path):
+    proc = subprocess.run(
+        prepare_command("train.lr=abc"), cwd=REPO, env=cli_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "train.lr=abc" in line and "Float" in line
+
+
+def test_data_model_and_stats_code_never_import_hydra_or_omegaconf():
+    """Below the entry, code takes typed settings: no DictConfig reaches it."""
+    package = REPO / "src" / "pretrain"
+    for path in [*sorted((package / "data").glob("*.py")), *sorted((package / "model").glob("*.py"))]:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert not name.startswith(("omegaconf", "hydra")), f"{path.name} imports {name}"
+        assert "DictConfig" not in path.read_text(), path.name
+
+
+def test_train_py_is_the_only_entry_and_registers_the_schema():
+    text = (REPO / "train.py").read_text()
+    assert "register_schema()" in text and "pretrain.training.run import train" in text
+    assert not (REPO / "src" / "pretrain" / "training" / "cli.py").exists()
