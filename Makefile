@@ -28,8 +28,11 @@ test-all: install
 bench: install
 	$(PY) bench/run.py
 
+# CI runs this before the tests: formatting, lint (line length enforced) and mypy on src/.
 lint: install
+	$(VENV)/bin/ruff format --check src tests bench scripts train.py
 	$(VENV)/bin/ruff check src tests bench scripts train.py
+	$(VENV)/bin/mypy
 
 train: install
 	$(PY) train.py

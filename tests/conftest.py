@@ -133,7 +133,9 @@ def make_texts(n: int = 120, seed: int = 0, long_every: int = 40) -> list[str]:
     rng = random.Random(seed)
     texts = []
     for i in range(n):
-        paragraphs = rng.randint(80, 110) if long_every and i % long_every == long_every - 1 else rng.randint(1, 6)
+        paragraphs = (
+            rng.randint(80, 110) if long_every and i % long_every == long_every - 1 else rng.randint(1, 6)
+        )
         texts.append(f"Document {i}. " + english_text(rng, paragraphs))
     return texts
 
@@ -187,7 +189,9 @@ def fineweb_rows(texts) -> list[dict]:
     return rows
 
 
-def write_parquet(path: Path, texts, rows: list[dict] | None = None, row_group_size: int | None = None) -> Path:
+def write_parquet(
+    path: Path, texts, rows: list[dict] | None = None, row_group_size: int | None = None
+) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -319,7 +323,9 @@ def make_cfg(tmp_path, corpus_texts):
 def cli_env(cache_root: Path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.update(OFFLINE_ENV)
-    env.update({"PRETRAIN_CACHE_ROOT": str(cache_root), "TOKENIZERS_PARALLELISM": "true", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {"PRETRAIN_CACHE_ROOT": str(cache_root), "TOKENIZERS_PARALLELISM": "true", "PYTHONUNBUFFERED": "1"}
+    )
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -331,7 +337,9 @@ def prepare_command(*overrides: str) -> list[str]:
     return [*command, "prepare", *base_overrides(), *overrides]
 
 
-def run_prepare(cache_root: Path, *overrides: str, timeout: float = 120, **env) -> subprocess.CompletedProcess:
+def run_prepare(
+    cache_root: Path, *overrides: str, timeout: float = 120, **env
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         prepare_command(*overrides),
         cwd=REPO,

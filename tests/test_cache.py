@@ -128,7 +128,9 @@ def test_manifest_records_the_tokenizer_files(make_cfg):
     assert identity["tokenizer"]["revision"] == "607a30d783dfa663caf39e06633721c8d4cfcd7e"
     vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
     text = (data / "vocab.bpe").read_text(encoding="utf-8")
-    merges = [line for line in text.split("\n") if line.strip() and not line.startswith("#version")]  # "# #" is a merge
+    merges = [
+        line for line in text.split("\n") if line.strip() and not line.startswith("#version")
+    ]  # "# #" is a merge
     content = json.dumps({"vocab": vocab, "merges": merges}, sort_keys=True, ensure_ascii=False)
     assert identity["tokenizer"]["content_sha256"] == hashlib.sha256(content.encode()).hexdigest()
     assert identity["dtype"] == "uint32" and identity["eos_token_id"] == EOS
@@ -172,11 +174,25 @@ def test_source_order_across_files(tmp_path, corpus_texts):
     first, second = corpus_texts[60:], corpus_texts[:60]
     b = write_jsonl(tmp_path / "b.jsonl", first)
     a = write_parquet(tmp_path / "a.parquet", second)
-    cache = prepare(compose(*local_overrides([b, a], **{"split.validation_fraction": FRACTION})), progress=False)
+    cache = prepare(
+        compose(*local_overrides([b, a], **{"split.validation_fraction": FRACTION})), progress=False
+    )
     assert_matches(cache.directory, expected_cache(first + second, fraction=FRACTION))
 
 
-_POOL = ["", " ", "\n\t ", "alpha", "alpha ", " alpha", "Alpha", "beta gamma", "δ ε", "<|endoftext|>", "x" * 50]
+_POOL = [
+    "",
+    " ",
+    "\n\t ",
+    "alpha",
+    "alpha ",
+    " alpha",
+    "Alpha",
+    "beta gamma",
+    "δ ε",
+    "<|endoftext|>",
+    "x" * 50,
+]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -194,7 +210,9 @@ def test_dedup_and_empty_invariants(texts, make_cfg):
         assert build["duplicates_skipped"] == expected["stats"]["duplicates"]
         assert build["empty_skipped"] == expected["stats"]["empty"] == sum(not t.strip() for t in texts)
         kept = [t for t in dict.fromkeys(texts) if t.strip()]
-        assert cache.manifest["splits"]["train"]["documents"] + cache.manifest["splits"]["validation"]["documents"] == len(kept)
+        assert cache.manifest["splits"]["train"]["documents"] + cache.manifest["splits"]["validation"][
+            "documents"
+        ] == len(kept)
 
 
 # --- budgets ------------------------------------------------------------------------------------
@@ -210,7 +228,9 @@ def test_budgets_collect_whole_documents(make_cfg, corpus_texts, train_tokens, v
         }
     )
     cache = prepare(cfg, progress=False)
-    expected = expected_cache(corpus_texts, fraction=FRACTION, train_tokens=train_tokens, validation_tokens=validation_tokens)
+    expected = expected_cache(
+        corpus_texts, fraction=FRACTION, train_tokens=train_tokens, validation_tokens=validation_tokens
+    )
     assert_matches(cache.directory, expected)
     for split, budget in (("train", train_tokens), ("validation", validation_tokens)):
         docs = expected[split]["docs"]
@@ -223,7 +243,10 @@ def test_budgets_collect_whole_documents(make_cfg, corpus_texts, train_tokens, v
             assert budget == 0
     build = cache.manifest["build"]
     written = sum(cache.manifest["splits"][s]["documents"] for s in ("train", "validation"))
-    assert build["documents_read"] == written + build["duplicates_skipped"] + build["empty_skipped"] + build["over_budget_skipped"]
+    assert (
+        build["documents_read"]
+        == written + build["duplicates_skipped"] + build["empty_skipped"] + build["over_budget_skipped"]
+    )
     assert build["documents_read"] >= expected["stats"]["read"]
 
 
@@ -241,7 +264,8 @@ def _endless_documents(state: dict):
     try:
         while True:
             state["reads"] = i + 1
-            text = f"Endless document {i}. {_ENDLESS_PARAGRAPHS[i % 64]}\n\n{_ENDLESS_PARAGRAPHS[(7 * i + 3) % 64]}"
+            first, second = _ENDLESS_PARAGRAPHS[i % 64], _ENDLESS_PARAGRAPHS[(7 * i + 3) % 64]
+            text = f"Endless document {i}. {first}\n\n{second}"
             yield Document(text=text, origin=f"endless:{i}")
             i += 1
     finally:
@@ -262,14 +286,18 @@ def test_reading_stops_when_both_budgets_are_met(make_cfg):
     needed = expected["stats"]["read"]
     assert needed < len(texts)
     shortest = min(len(t) for t in texts)
-    # A few tokenizer batches of read-ahead at most (the reader's queue, one batch tokenized ahead), not the source.
+    # A few tokenizer batches of read-ahead at most (the reader's queue, one batch tokenized ahead).
     assert state["reads"] <= needed + 6 * (BATCH_CHARS // shortest + 1)
     assert cache.manifest["build"]["documents_read"] <= state["reads"]
 
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(t.name == "pretrain-source-reader" for t in threading.enumerate()):
+    while time.monotonic() < deadline and any(
+        t.name == "pretrain-source-reader" for t in threading.enumerate()
+    ):
         time.sleep(0.02)
-    assert not any(t.name == "pretrain-source-reader" for t in threading.enumerate()), "the reader thread leaked"
+    assert not any(t.name == "pretrain-source-reader" for t in threading.enumerate()), (
+        "the reader thread leaked"
+    )
     assert state["closed"], "the source was not closed"
     reads = state["reads"]
     time.sleep(0.1)
@@ -285,7 +313,9 @@ def pristine(tmp_path_factory, corpus_texts):
     base = tmp_path_factory.mktemp("pristine")
     path = write_parquet(base / "data" / "corpus.parquet", corpus_texts, row_group_size=40)
     with mock.patch.dict(os.environ, {"PRETRAIN_CACHE_ROOT": str(base / "root")}):
-        return prepare(compose(*local_overrides([path], **{"split.validation_fraction": FRACTION})), progress=False)
+        return prepare(
+            compose(*local_overrides([path], **{"split.validation_fraction": FRACTION})), progress=False
+        )
 
 
 def _flip_byte(path: Path, at: float = 0.5) -> None:
@@ -317,10 +347,18 @@ def _edit_index_digit(directory: Path) -> None:
 CORRUPTIONS = {
     "flipped byte in train.bin": (lambda d: _flip_byte(d / "train.bin"), "train.bin"),
     "flipped byte in validation.bin": (lambda d: _flip_byte(d / "validation.bin", 0.1), "validation.bin"),
-    "truncated train.jsonl": (lambda d: (d / "train.jsonl").write_bytes((d / "train.jsonl").read_bytes()[:-7]), "train.jsonl"),
-    "truncated train.bin": (lambda d: (d / "train.bin").write_bytes((d / "train.bin").read_bytes()[:-4]), "train.bin"),
+    "truncated train.jsonl": (
+        lambda d: (d / "train.jsonl").write_bytes((d / "train.jsonl").read_bytes()[:-7]),
+        "train.jsonl",
+    ),
+    "truncated train.bin": (
+        lambda d: (d / "train.bin").write_bytes((d / "train.bin").read_bytes()[:-4]),
+        "train.bin",
+    ),
     "appended to validation.bin": (
-        lambda d: (d / "validation.bin").write_bytes((d / "validation.bin").read_bytes() + np.uint32(EOS).tobytes()),
+        lambda d: (d / "validation.bin").write_bytes(
+            (d / "validation.bin").read_bytes() + np.uint32(EOS).tobytes()
+        ),
         "validation.bin",
     ),
     "edited offset in train.jsonl": (_edit_index_digit, "train.jsonl"),
@@ -328,14 +366,21 @@ CORRUPTIONS = {
     "missing train.bin": (lambda d: (d / "train.bin").unlink(), "train.bin"),
     "missing manifest": (lambda d: (d / "manifest.json").unlink(), "manifest.json"),
     "manifest count edited": (
-        lambda d: _edit_manifest(d, lambda m: m["splits"]["train"].update(documents=m["splits"]["train"]["documents"] + 1)),
+        lambda d: _edit_manifest(
+            d, lambda m: m["splits"]["train"].update(documents=m["splits"]["train"]["documents"] + 1)
+        ),
         "manifest.json",
     ),
-    "manifest not json": (lambda d: (d / "manifest.json").write_text('{"format": 1, "splits": '), "manifest.json"),
+    "manifest not json": (
+        lambda d: (d / "manifest.json").write_text('{"format": 1, "splits": '),
+        "manifest.json",
+    ),
     "manifest not an object": (lambda d: (d / "manifest.json").write_text("[]"), "manifest.json"),
     "manifest edited, checksum recomputed": (
         lambda d: _edit_manifest(
-            d, lambda m: m["splits"]["validation"].update(documents=m["splits"]["validation"]["documents"] - 1), fix_checksum=True
+            d,
+            lambda m: m["splits"]["validation"].update(documents=m["splits"]["validation"]["documents"] - 1),
+            fix_checksum=True,
         ),
         "validation.jsonl",
     ),
@@ -354,14 +399,20 @@ def test_corruption_is_detected_and_rebuild_repairs(case, make_cfg, cache_root, 
     before = {n: sha256(directory / n) for n in FILES if n != "manifest.json"}
     mutate(directory)
 
-    for attempt in (lambda: prepare(cfg, progress=False), lambda: verify_cache(directory), lambda: open_cache(directory)):
+    for attempt in (
+        lambda: prepare(cfg, progress=False),
+        lambda: verify_cache(directory),
+        lambda: open_cache(directory),
+    ):
         with pytest.raises(CacheError) as info:
             attempt()
         message = str(info.value)
         assert culprit in message, message
         assert "cache.rebuild=true" in message
 
-    rebuilt = prepare(make_cfg(**{"split.validation_fraction": FRACTION, "cache.rebuild": True}), progress=False)
+    rebuilt = prepare(
+        make_cfg(**{"split.validation_fraction": FRACTION, "cache.rebuild": True}), progress=False
+    )
     assert rebuilt.directory == directory
     verify_cache(directory, cache_spec(cfg).identity)
     assert {n: sha256(directory / n) for n in FILES if n != "manifest.json"} == before
@@ -372,7 +423,9 @@ def test_corruption_is_detected_and_rebuild_repairs(case, make_cfg, cache_root, 
 
 def test_rebuild_flag_does_not_rebuild_a_good_cache(make_cfg):
     cache = prepare(make_cfg(), progress=False)
-    with mock.patch.object(prepare_module, "build_cache", side_effect=AssertionError("rebuilt a valid cache")):
+    with mock.patch.object(
+        prepare_module, "build_cache", side_effect=AssertionError("rebuilt a valid cache")
+    ):
         again = prepare(make_cfg(**{"cache.rebuild": True}), progress=False)
     assert again.directory == cache.directory and again.manifest == cache.manifest
 
@@ -421,7 +474,12 @@ def test_a_dead_builders_complete_temp_dir_is_never_used(make_cfg, cache_root):
 def test_max_seq_len_and_batch_settings_reuse_the_cache(make_cfg):
     first = prepare(make_cfg(**{"data.max_seq_len": 128}), progress=False)
     with mock.patch.object(prepare_module, "build_cache", side_effect=AssertionError("built again")):
-        for settings_ in ({"data.max_seq_len": 1024}, {"train.batch_size": 3}, {"seed": 7}, {"data.policy": "padded"}):
+        for settings_ in (
+            {"data.max_seq_len": 1024},
+            {"train.batch_size": 3},
+            {"seed": 7},
+            {"data.policy": "padded"},
+        ):
             again = prepare(make_cfg(**settings_), progress=False)
             assert again.directory == first.directory
             assert again.manifest == first.manifest
@@ -579,7 +637,11 @@ def test_tokenizer_files_are_part_of_the_identity(make_cfg, tmp_path):
     vocab, merges = tmp_path / "vocab.json", tmp_path / "merges.txt"
     vocab.write_bytes(bundled.vocab.read_bytes())
     merges.write_bytes(bundled.merges.read_bytes())
-    user = {"tokenizer.source": "files", "tokenizer.vocab_file": str(vocab), "tokenizer.merges_file": str(merges)}
+    user = {
+        "tokenizer.source": "files",
+        "tokenizer.vocab_file": str(vocab),
+        "tokenizer.merges_file": str(merges),
+    }
     # The same vocabulary and merges under other names: the same ids, the same cache.
     assert cache_spec(make_cfg(**user)).key == cache_spec(make_cfg()).key
     # One merge rule fewer changes the ids that BPE makes: a new identity, never a silent reuse.

@@ -12,16 +12,32 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DESIGN_KEYS = {
-    "documents", "raw_tokens", "prediction_pairs", "chunks", "chunk_lengths", "packs", "pack_utilization",
-    "padding_waste", "truncated_pairs", "cross_document_visible_fraction", "tokens_per_step", "steps_per_epoch",
-    "train_validation_overlap", "verbatim_leaks",
+    "documents",
+    "raw_tokens",
+    "prediction_pairs",
+    "chunks",
+    "chunk_lengths",
+    "packs",
+    "pack_utilization",
+    "padding_waste",
+    "truncated_pairs",
+    "cross_document_visible_fraction",
+    "tokens_per_step",
+    "steps_per_epoch",
+    "train_validation_overlap",
+    "verbatim_leaks",
 }
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict:
     cache = tmp_path_factory.mktemp("cache")
-    return {**os.environ, "PRETRAIN_CACHE_ROOT": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return {
+        **os.environ,
+        "PRETRAIN_CACHE_ROOT": str(cache),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
 
 
 def _run(args: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -30,9 +46,26 @@ def _run(args: list[str], env: dict, timeout: int = 600) -> subprocess.Completed
 
 def test_train_py_runs_and_reports_where_outputs_went(tmp_path, env):
     out = tmp_path / "run"
-    proc = _run([sys.executable, "train.py", "experiment=smoke", "train.max_steps=3", "progress_bar=false", f"hydra.run.dir={out}"], env)
+    proc = _run(
+        [
+            sys.executable,
+            "train.py",
+            "experiment=smoke",
+            "train.max_steps=3",
+            "progress_bar=false",
+            f"hydra.run.dir={out}",
+        ],
+        env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for name in ("metrics.csv", "run.json", "compare.png", "compare.md", "checkpoints/last.ckpt", ".hydra/config.yaml"):
+    for name in (
+        "metrics.csv",
+        "run.json",
+        "compare.png",
+        "compare.md",
+        "checkpoints/last.ckpt",
+        ".hydra/config.yaml",
+    ):
         assert (out / name).exists(), name
     assert f"outputs: {out}" in proc.stderr
     summary = json.loads((out / "run.json").read_text())
@@ -42,7 +75,10 @@ def test_train_py_runs_and_reports_where_outputs_went(tmp_path, env):
 
 
 def test_train_py_bad_config_exits_2_with_the_fix(tmp_path, env):
-    proc = _run([sys.executable, "train.py", "experiment=smoke", "attn=varlen", f"hydra.run.dir={tmp_path / 'x'}"], env)
+    proc = _run(
+        [sys.executable, "train.py", "experiment=smoke", "attn=varlen", f"hydra.run.dir={tmp_path / 'x'}"],
+        env,
+    )
     assert proc.returncode == 2
     assert "attn=varlen runs only on CUDA" in proc.stderr and "attn=sdpa" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -51,7 +87,9 @@ def test_train_py_bad_config_exits_2_with_the_fix(tmp_path, env):
 @pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit"])
 def test_inspect_data_writes_every_design_key(tmp_path, env, policy):
     output = tmp_path / f"{policy}.json"
-    proc = _run([sys.executable, "-m", "pretrain.cli", "inspect-data", f"data={policy}", f"output={output}"], env)
+    proc = _run(
+        [sys.executable, "-m", "pretrain.cli", "inspect-data", f"data={policy}", f"output={output}"], env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     stats = json.loads(output.read_text())
     assert DESIGN_KEYS <= set(stats)

@@ -17,13 +17,15 @@ from pretrain import config as schema
 from pretrain import errors
 from pretrain.config import Config, load_config, to_config
 
-GROUPS = sorted(p.name for p in (REPO / "conf").iterdir() if p.is_dir() and p.name not in ("hydra", "experiment"))
+GROUPS = sorted(
+    p.name for p in (REPO / "conf").iterdir() if p.is_dir() and p.name not in ("hydra", "experiment")
+)
 
 
 def schema_classes(cls=Config):
     """Every dataclass of the schema, the root first."""
     found = [cls]
-    for name, hint in get_type_hints(cls).items():
+    for hint in get_type_hints(cls).values():
         if isinstance(hint, type) and is_dataclass(hint):
             found += schema_classes(hint)
     return found
@@ -47,7 +49,9 @@ def test_every_field_has_a_one_line_doc():
 
 def test_docs_config_md_is_generated_from_the_schema():
     generated = schema.markdown_reference()
-    assert (REPO / "docs" / "config.md").read_text() == generated, "run: python -m pretrain.config > docs/config.md"
+    assert (REPO / "docs" / "config.md").read_text() == generated, (
+        "run: python -m pretrain.config > docs/config.md"
+    )
     keys = [row[0] for row in schema.schema_rows()]
     assert {"train.lr", "data.policy", "source.files", "model.max_seq_len", "ckpt_path"} <= set(keys)
     assert len(keys) == len(set(keys))
@@ -62,7 +66,9 @@ def test_group_files_never_repeat_a_schema_default():
             for key, value in values.items():
                 assert key in defaults[group], f"{path}: {key} is not in the schema"
                 default = defaults[group][key]
-                assert default == MISSING or default != value, f"{path}: {key}={value!r} repeats the schema default"
+                assert default == MISSING or default != value, (
+                    f"{path}: {key}={value!r} repeats the schema default"
+                )
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -117,7 +123,9 @@ def test_range_checks_run_when_the_typed_config_is_built(override, message):
 
 
 def test_to_config_gives_plain_typed_values():
-    config = to_config(load_config(["data=padded", "data.max_seq_len=64", "source=local", "source.files=[a.parquet]"]))
+    config = to_config(
+        load_config(["data=padded", "data.max_seq_len=64", "source=local", "source.files=[a.parquet]"])
+    )
     assert config.data.policy == "padded" and config.data.max_seq_len == 64 == config.model.max_seq_len
     assert config.source.files == ["a.parquet"] and isinstance(config.source.files, list)
     assert config.train.betas == [0.9, 0.95]
@@ -148,7 +156,12 @@ def test_user_errors_exit_2_in_one_line_and_others_keep_their_traceback(capsys):
 
 def test_cli_bad_override_is_one_line_naming_the_key(tmp_path):
     proc = subprocess.run(
-        prepare_command("train.lr=abc"), cwd=REPO, env=cli_env(tmp_path), capture_output=True, text=True, timeout=120
+        prepare_command("train.lr=abc"),
+        cwd=REPO,
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr

@@ -16,8 +16,14 @@ from pretrain.training.run import train
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = {
-    "train/loss", "train/tokens", "train/tokens_per_sec", "train/padding_waste",
-    "train/pack_utilization", "train/num_targets", "val/loss", "lr",
+    "train/loss",
+    "train/tokens",
+    "train/tokens_per_sec",
+    "train/padding_waste",
+    "train/pack_utilization",
+    "train/num_targets",
+    "val/loss",
+    "lr",
 }
 
 
@@ -38,7 +44,9 @@ def offline_env(tmp_path, monkeypatch, shared_cache):
 
 
 def _run(out: Path, *overrides: str) -> dict:
-    cfg = load_config(["experiment=smoke", f"output_dir={out}", "progress_bar=false", "train.max_steps=6", *overrides])
+    cfg = load_config(
+        ["experiment=smoke", f"output_dir={out}", "progress_bar=false", "train.max_steps=6", *overrides]
+    )
     return train(cfg)
 
 
@@ -86,7 +94,10 @@ def test_compare_reads_runs_and_writes_plot_and_table(offline_env):
 
 def test_compare_cli_errors_clearly_on_a_directory_without_runs(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "pretrain.cli", "compare", str(tmp_path)], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "pretrain.cli", "compare", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ},
     )
     assert proc.returncode == 2
@@ -98,10 +109,21 @@ def test_multirun_jobs_get_their_own_wandb_run_grouped_by_the_sweep(offline_env)
     env = {k: v for k, v in os.environ.items()}
     proc = subprocess.run(
         [
-            sys.executable, "train.py", "--multirun", "experiment=smoke", "logger=wandb", "data=padded,bestfit",
-            "train.max_steps=2", "progress_bar=false", f"hydra.sweep.dir={sweep}",
+            sys.executable,
+            "train.py",
+            "--multirun",
+            "experiment=smoke",
+            "logger=wandb",
+            "data=padded,bestfit",
+            "train.max_steps=2",
+            "progress_bar=false",
+            f"hydra.sweep.dir={sweep}",
         ],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [next((sweep / job / "wandb").glob("offline-run-*/*.wandb")).read_bytes() for job in ("0", "1")]

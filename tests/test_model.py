@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pretrain.data import IGNORE_INDEX, TokenSplit, collate_packed, gather_packed, gather_padded, split_tokens
 from pretrain.config import load_config, to_config
+from pretrain.data import IGNORE_INDEX, TokenSplit, collate_packed, gather_packed, gather_padded, split_tokens
 from pretrain.model import GPT, GPTConfig
 from pretrain.model.loss import token_cross_entropy
 
@@ -244,12 +244,12 @@ def gpt2_parameters(vocab, positions, layers, width):
 def test_model_configs_build_the_named_sizes(name, published):
     gpt_config, attn = composed_model(name, 1024, attn="flex")
     with torch.device("meta"):  # no memory or init time for the big ones
-        model = GPT(gpt_config, attn=attn.backend, compile=attn.compile)
+        model = GPT(gpt_config, attn=attn.backend, attn_compile=attn.compile)
     config = model.config
     assert config.max_seq_len == 1024 and config.vocab_size == 50257
     assert (config.n_layer, config.n_head, config.d_model) == SIZES[name]
     assert config.dropout == 0.0 and config.bias is True
-    assert model.attn_backend == "flex" and model.compile == "auto"
+    assert model.attn_backend == "flex" and model.attn_compile == "auto"
     expected = gpt2_parameters(50257, 1024, config.n_layer, config.d_model)
     assert model.num_parameters() == expected
     assert model.num_parameters(exclude_position_embeddings=True) == expected - 1024 * config.d_model

@@ -11,7 +11,7 @@ from conftest import policy_cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretrain.data import packing, policies
+from pretrain.data import policies
 from pretrain.data.batch import IGNORE_INDEX, PAD_TOKEN_ID
 from pretrain.data.chunking import chunk_table
 from pretrain.data.packing import (
@@ -30,7 +30,7 @@ make_cfg = policy_cfg
 
 
 def best_fit_decreasing_naive(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """O(N^2) reference of `best_fit_decreasing` with the same tie-breaking (written here, independently of the code under test)."""
+    """O(N^2) reference of `best_fit_decreasing` with the same tie-breaking (independent of the code)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     order = np.argsort(-lengths, kind="stable")
     spaces: list[int] = []
@@ -48,8 +48,9 @@ def best_fit_decreasing_naive(lengths: np.ndarray, capacity: int) -> tuple[np.nd
         spaces[best] -= length
         contents[best].append(item)
     items = np.array([i for pack in contents for i in pack], dtype=np.int64)
-    return items, np.concatenate([[0], np.cumsum([len(pack) for pack in contents], dtype=np.int64)]).astype(np.int64)
-
+    return items, np.concatenate([[0], np.cumsum([len(pack) for pack in contents], dtype=np.int64)]).astype(
+        np.int64
+    )
 
 
 def online_best_fit_reference(lengths, capacity, buffer):
@@ -91,7 +92,9 @@ def test_seed_pack_example(buffer):
 def test_seed_pack_example_batch():
     # Documents of 7, 5, 4, 3 tokens (EOS included) are chunks of 6, 4, 3, 2 inputs at capacity 8.
     split = TokenSplit.from_lengths([7, 5, 4, 3], seed=3)
-    cfg = make_cfg("bestfit", "data.max_seq_len=8", "train.packing_buffer=4", "train.eval_microbatch_tokens=16")
+    cfg = make_cfg(
+        "bestfit", "data.max_seq_len=8", "train.packing_buffer=4", "train.eval_microbatch_tokens=16"
+    )
     (batch,) = list(build_sampler(cfg, split, train=False))
     assert batch.cu_seqlens.tolist() == [0, 6, 8, 12, 15]
     assert batch.pack_lengths.tolist() == [8, 7]
@@ -276,7 +279,8 @@ def test_every_item_once_per_epoch(case, capacity, world_size, tmp_path):
     split = random_split(capacity + world_size)
     cfg = make_cfg(policy, f"data.max_seq_len={capacity}", "train.batch_size=3", *overrides)
     samplers = [
-        build_sampler(cfg, split, train=True, rank=r, world_size=world_size, packs_dir=tmp_path) for r in range(world_size)
+        build_sampler(cfg, split, train=True, rank=r, world_size=world_size, packs_dir=tmp_path)
+        for r in range(world_size)
     ]
     counts = {len(s) for s in samplers}
     assert len(counts) == 1  # every rank the same number of batches
@@ -353,7 +357,9 @@ def test_prepacked_keys_and_stale_files(tmp_path):
     split = random_split(8)
     for strategy in ("bfd", "concat"):
         for capacity in (8, 16):
-            load_or_build_packs(split, chunk_table(split.offsets, split.lengths, capacity), strategy, tmp_path)
+            load_or_build_packs(
+                split, chunk_table(split.offsets, split.lengths, capacity), strategy, tmp_path
+            )
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "train-bfd-L16.npz",
         "train-bfd-L8.npz",

@@ -47,7 +47,8 @@ def big_parquet(tmp_path_factory) -> Path:
     rng = random.Random(3)
     paragraphs = [english_text(random.Random(i), 1) for i in range(300)]
     texts = [
-        f"Record {i}. " + "\n\n".join(rng.choice(paragraphs) for _ in range(rng.randint(4, 10))) for i in range(N_BIG)
+        f"Record {i}. " + "\n\n".join(rng.choice(paragraphs) for _ in range(rng.randint(4, 10)))
+        for i in range(N_BIG)
     ]
     return write_parquet(tmp_path_factory.mktemp("big") / "big.parquet", texts, row_group_size=200)
 
@@ -172,7 +173,9 @@ def test_two_concurrent_prepares_build_once(big_parquet, cache_root):
 
 def test_fineweb_offline_fails_fast_and_names_the_alternatives(cache_root):
     started = time.monotonic()
-    result = run_prepare(cache_root, "source=fineweb", "budget.train_tokens=1000", "budget.validation_tokens=100", timeout=60)
+    result = run_prepare(
+        cache_root, "source=fineweb", "budget.train_tokens=1000", "budget.validation_tokens=100", timeout=60
+    )
     assert time.monotonic() - started < 10
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("error:")
@@ -197,7 +200,12 @@ def test_bad_overrides_exit_2_with_a_readable_message(cache_root):
     env = cli_env(cache_root)
     running = {
         name: subprocess.Popen(
-            prepare_command(*overrides), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            prepare_command(*overrides),
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         for name, (overrides, _) in BAD.items()
     }

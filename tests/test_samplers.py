@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from conftest import policy_cfg, settings_of
-from omegaconf import OmegaConf
 
 from pretrain.data.samplers import build_sampler
 from pretrain.data.tokens import TokenSplit
@@ -33,7 +32,12 @@ make_cfg = policy_cfg
 
 def case_cfg(case: str, *extra: str):
     policy, *overrides = CASES[case]
-    base = ("data.max_seq_len=16", "train.batch_size=2", "train.eval_microbatch_tokens=40", "train.val_batches=5")
+    base = (
+        "data.max_seq_len=16",
+        "train.batch_size=2",
+        "train.eval_microbatch_tokens=40",
+        "train.val_batches=5",
+    )
     return make_cfg(policy, *base, *overrides, *extra)
 
 
@@ -154,7 +158,8 @@ def test_ranks_are_disjoint_with_equal_counts(case, world_size, tmp_path):
     split = random_split(7, documents=70)
     cfg = case_cfg(case)
     samplers = [
-        build_sampler(cfg, split, train=True, rank=r, world_size=world_size, packs_dir=tmp_path) for r in range(world_size)
+        build_sampler(cfg, split, train=True, rank=r, world_size=world_size, packs_dir=tmp_path)
+        for r in range(world_size)
     ]
     orders = []
     for epoch in range(3):
@@ -176,7 +181,10 @@ def test_rank_zero_state_resumes_every_rank(tmp_path):
     split = random_split(8, documents=80)
     cfg = case_cfg("bestfit")
     ranks = [build_sampler(cfg, split, train=True, rank=r, world_size=2) for r in range(2)]
-    expected = {r: [signature(b) for b in build_sampler(cfg, split, train=True, rank=r, world_size=2)] for r in range(2)}
+    expected = {
+        r: [signature(b) for b in build_sampler(cfg, split, train=True, rank=r, world_size=2)]
+        for r in range(2)
+    }
     take(ranks[0], 3, [])
     state = ranks[0].state_dict()
     for r in range(2):
@@ -252,12 +260,16 @@ def test_microbatch_tokens_sizing():
 def test_batch_size_errors():
     split = random_split(14)
     with pytest.raises(ValueError) as info:  # refused when the settings are built, before any sampler
-        build_sampler(make_cfg("bestfit", "train.batch_size=4", "train.microbatch_tokens=4096"), split, train=True)
+        build_sampler(
+            make_cfg("bestfit", "train.batch_size=4", "train.microbatch_tokens=4096"), split, train=True
+        )
     assert str(info.value) == (
         "set only one of train.batch_size and train.microbatch_tokens (e.g. train.batch_size=null)"
     )
     with pytest.raises(ValueError, match="train.batch_size"):
-        build_sampler(make_cfg("bestfit", "train.batch_size=null", "train.microbatch_tokens=null"), split, train=True)
+        build_sampler(
+            make_cfg("bestfit", "train.batch_size=null", "train.microbatch_tokens=null"), split, train=True
+        )
     with pytest.raises(ValueError, match="train.batch_size must be a positive integer"):
         build_sampler(make_cfg("bestfit", "train.batch_size=0"), split, train=True)
 

@@ -49,7 +49,9 @@ def splits():
     train = split_of(BODIES)
     train = TokenSplit(train.tokens, train.offsets, train.lengths, ids=("a", "b", "c", "d"), name="train")
     validation = split_of([[5, 6, 7], [8, 9]], name="validation")
-    validation = TokenSplit(validation.tokens, validation.offsets, validation.lengths, ids=("b", "z"), name="validation")
+    validation = TokenSplit(
+        validation.tokens, validation.offsets, validation.lengths, ids=("b", "z"), name="validation"
+    )
     return train, validation
 
 
@@ -95,14 +97,18 @@ def test_padded_max(accumulation):
 def test_padded_longest(batch_size, computed):
     # One row per batch pads nothing; all four rows in one batch pad to the longest row, 4.
     train, validation = splits()
-    stats = inspect_split(make_cfg("padded", "data.pad_to=longest", f"train.batch_size={batch_size}"), train, validation)
+    stats = inspect_split(
+        make_cfg("padded", "data.pad_to=longest", f"train.batch_size={batch_size}"), train, validation
+    )
     assert stats["padding_waste"] == pytest.approx(1 - 11 / computed)
     assert stats["pack_utilization"] == pytest.approx(11 / computed)
     assert stats["truncated_pairs"] == 6
 
 
 @pytest.mark.parametrize(
-    "policy", [("bestfit", "train.packing_buffer=64"), ("prepacked", "data.strategy=bfd")], ids=["bestfit", "bfd"]
+    "policy",
+    [("bestfit", "train.packing_buffer=64"), ("prepacked", "data.strategy=bfd")],
+    ids=["bestfit", "bfd"],
 )
 def test_best_fit_policies(policy):
     # Longest first into packs of 4: {4} {4} {4} {2, 1, 1} {1} -- for best fit with a buffer that
@@ -132,7 +138,11 @@ def cross_document_fraction_by_hand(lengths, capacity):
 @pytest.mark.parametrize("mask", [True, False])
 def test_concat(mask):
     train, validation = splits()
-    stats = inspect_split(make_cfg("prepacked", "data.strategy=concat", f"data.document_mask={str(mask).lower()}"), train, validation)
+    stats = inspect_split(
+        make_cfg("prepacked", "data.strategy=concat", f"data.document_mask={str(mask).lower()}"),
+        train,
+        validation,
+    )
     check_common(stats)
     # 21 tokens, 20 inputs: windows [0,4) [4,8) [8,12) [12,16) [16,20); documents start at 3, 9, 11.
     assert stats["packs"] == 5
@@ -168,7 +178,9 @@ def leak_fixture():
     train = split_of([a, b])
     validation = split_of(
         [
-            np.concatenate([rng.integers(0, 50000, 20), a[10:74], rng.integers(0, 50000, 5)]),  # 64 shared: leak
+            np.concatenate(
+                [rng.integers(0, 50000, 20), a[10:74], rng.integers(0, 50000, 5)]
+            ),  # 64 shared: leak
             np.concatenate([a[100:163], rng.integers(0, 50000, 30)]),  # 63 shared: no leak
             rng.integers(0, 50000, 300),  # unrelated
             np.concatenate([a[-32:], b[:32]]),  # 64 consecutive train tokens only across an EOS: no leak
@@ -212,7 +224,9 @@ def test_verbatim_leaks_match_brute_force(seed):
     train = split_of(train_docs)
     validation = split_of(val_docs, name="validation")
     for window in (4, 8, 16):
-        assert verbatim_leaks(train, validation, window=window) == brute_force_leaks(train, validation, window)
+        assert verbatim_leaks(train, validation, window=window) == brute_force_leaks(
+            train, validation, window
+        )
 
 
 def test_leak_makes_the_table_loud():

@@ -127,7 +127,9 @@ def test_files_source_with_user_paths(tmp_path, tok):
     vocab.parent.mkdir()
     shutil.copy(data / "encoder.json", vocab)
     shutil.copy(data / "vocab.bpe", merges)
-    files = resolve_files(TokenizerConfig(**{"source": "files", "vocab_file": str(vocab), "merges_file": str(merges)}))
+    files = resolve_files(
+        TokenizerConfig(**{"source": "files", "vocab_file": str(vocab), "merges_file": str(merges)})
+    )
     assert (files.vocab, files.merges, files.origin) == (vocab, merges, "files")
     assert files.fingerprint()["vocab_sha256"] == hashlib.sha256(vocab.read_bytes()).hexdigest()
     user = build_tokenizer(files)
@@ -137,18 +139,28 @@ def test_files_source_with_user_paths(tmp_path, tok):
 
 def test_files_source_missing_path_is_a_clear_error(tmp_path):
     with pytest.raises(TokenizerError, match="tokenizer.vocab_file"):
-        resolve_files(TokenizerConfig(**{"source": "files", "vocab_file": str(tmp_path / "nope.json"), "merges_file": None}))
+        resolve_files(
+            TokenizerConfig(
+                **{"source": "files", "vocab_file": str(tmp_path / "nope.json"), "merges_file": None}
+            )
+        )
     vocab = tmp_path / "vocab.json"
     shutil.copy(gpt2_data_dir() / "encoder.json", vocab)
     with pytest.raises(TokenizerError, match="tokenizer.merges_file"):
-        resolve_files(TokenizerConfig(**{"source": "files", "vocab_file": str(vocab), "merges_file": str(tmp_path / "missing.txt")}))
+        resolve_files(
+            TokenizerConfig(
+                **{"source": "files", "vocab_file": str(vocab), "merges_file": str(tmp_path / "missing.txt")}
+            )
+        )
 
 
 def test_a_vocabulary_that_is_not_gpt2_is_refused(tmp_path):
     vocab, merges = tmp_path / "vocab.json", tmp_path / "merges.txt"
     vocab.write_text(json.dumps({"a": 0, "b": 1, "ab": 2, EOS_TEXT: 3}))
     merges.write_text("#version: 0.2\na b\n")
-    files = resolve_files(TokenizerConfig(**{"source": "files", "vocab_file": str(vocab), "merges_file": str(merges)}))
+    files = resolve_files(
+        TokenizerConfig(**{"source": "files", "vocab_file": str(vocab), "merges_file": str(merges)})
+    )
     with pytest.raises(TokenizerError, match="not GPT-2"):
         build_tokenizer(files)
 
@@ -161,7 +173,15 @@ def test_unknown_tokenizer_source():
 def test_hub_source_offline_fails_fast_and_clearly():
     started = time.monotonic()
     with pytest.raises(TokenizerError) as info:
-        resolve_files(TokenizerConfig(**{"source": "hub", "name": "openai-community/gpt2", "revision": "607a30d783dfa663caf39e06633721c8d4cfcd7e"}))
+        resolve_files(
+            TokenizerConfig(
+                **{
+                    "source": "hub",
+                    "name": "openai-community/gpt2",
+                    "revision": "607a30d783dfa663caf39e06633721c8d4cfcd7e",
+                }
+            )
+        )
     assert time.monotonic() - started < 10
     message = str(info.value)
     assert "openai-community/gpt2" in message and "tokenizer.source=bundled" in message

@@ -35,7 +35,9 @@ def cache_root(tmp_path_factory) -> Path:
 
 
 def compose(out: Path, *overrides: str):
-    return load_config(["experiment=smoke", f"output_dir={out}", "progress_bar=false", "logger=csv", *overrides])
+    return load_config(
+        ["experiment=smoke", f"output_dir={out}", "progress_bar=false", "logger=csv", *overrides]
+    )
 
 
 def read_metrics(run_dir: Path) -> dict[str, dict[int, float]]:
@@ -66,14 +68,22 @@ class StopAfter(L.Callback):
 
 @pytest.mark.parametrize("policy", ["bestfit", "padded"])
 def test_resume_twice_equals_uninterrupted_run(tmp_path, cache_root, policy):
-    common = ["record_batches=true", f"data={policy}", "train.checkpoint_every_n_steps=4", "train.deterministic=true"]
+    common = [
+        "record_batches=true",
+        f"data={policy}",
+        "train.checkpoint_every_n_steps=4",
+        "train.deterministic=true",
+    ]
     full = tmp_path / "full"
     train(compose(full, *common))
 
     first = tmp_path / "first"
     train(compose(first, *common), callbacks=[StopAfter(4)])
     second = tmp_path / "second"
-    train(compose(second, *common, f"ckpt_path={first / 'checkpoints' / 'step000004.ckpt'}"), callbacks=[StopAfter(8)])
+    train(
+        compose(second, *common, f"ckpt_path={first / 'checkpoints' / 'step000004.ckpt'}"),
+        callbacks=[StopAfter(8)],
+    )
     third = tmp_path / "third"
     train(compose(third, *common, f"ckpt_path={second / 'checkpoints' / 'step000008.ckpt'}"))
 
@@ -164,7 +174,10 @@ def _rank_worker(rank: int, world: int, init_file: str, out_dir: str):
         dist.all_reduce(p.grad)
         p.grad /= world
     if rank == 0:
-        torch.save({"loss": result.loss, "num_targets": result.num_targets, "grads": _grads(model)}, Path(out_dir) / "ddp.pt")
+        torch.save(
+            {"loss": result.loss, "num_targets": result.num_targets, "grads": _grads(model)},
+            Path(out_dir) / "ddp.pt",
+        )
     dist.destroy_process_group()
 
 
@@ -186,15 +199,26 @@ def test_ddp_two_cpu_ranks_see_disjoint_packs(tmp_path, cache_root):
     out = tmp_path / "ddp"
     env = {**os.environ, "PRETRAIN_CACHE_ROOT": str(cache_root)}
     cmd = [
-        sys.executable, "train.py", "experiment=smoke", "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
-        "trainer.precision=32-true", "record_batches=true", "progress_bar=false", "train.max_steps=4",
+        sys.executable,
+        "train.py",
+        "experiment=smoke",
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.precision=32-true",
+        "record_batches=true",
+        "progress_bar=false",
+        "train.max_steps=4",
         f"hydra.run.dir={out}",
     ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = {rank: read_batches(out, rank) for rank in (0, 1)}
     assert len(seen[0]) == len(seen[1]) == 4
-    chunks = {rank: [c for b in batches for mb in b["chunks"] for pack in [mb] for c in pack] for rank, batches in seen.items()}
+    chunks = {
+        rank: [c for b in batches for mb in b["chunks"] for pack in [mb] for c in pack]
+        for rank, batches in seen.items()
+    }
     assert chunks[0] and chunks[1]
     assert not set(chunks[0]) & set(chunks[1])
     metrics = read_metrics(out)

@@ -17,4 +17,6 @@ def prefix_sums(lengths) -> np.ndarray:
 def run_positions(lengths) -> np.ndarray:
     """0..len-1 for each run of `lengths`, concatenated (positions that restart in every segment)."""
     bounds = prefix_sums(lengths)
-    return np.arange(int(bounds[-1]), dtype=np.int64) - np.repeat(bounds[:-1], np.asarray(lengths, dtype=np.int64))
+    return np.arange(int(bounds[-1]), dtype=np.int64) - np.repeat(
+        bounds[:-1], np.asarray(lengths, dtype=np.int64)
+    )

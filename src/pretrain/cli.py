@@ -33,11 +33,15 @@ def counts_table(cache) -> Table:
     for column in ("split", "documents", "raw tokens (EOS incl.)", "prediction pairs"):
         table.add_column(column, justify="right" if column != "split" else "left")
     for split, counts in cache.counts().items():
-        table.add_row(split, f"{counts['documents']:,}", f"{counts['tokens']:,}", f"{counts['prediction_pairs']:,}")
+        table.add_row(
+            split, f"{counts['documents']:,}", f"{counts['tokens']:,}", f"{counts['prediction_pairs']:,}"
+        )
     build = cache.manifest.get("build", {})
+    read = build.get("documents_read", "?")
+    skipped = [build.get(f"{kind}_skipped", 0) for kind in ("duplicates", "empty", "over_budget")]
     table.caption = (
-        f"read {build.get('documents_read', '?'):,} documents: skipped {build.get('duplicates_skipped', 0):,} duplicates, "
-        f"{build.get('empty_skipped', 0):,} empty, {build.get('over_budget_skipped', 0):,} over budget"
+        f"read {read:,} documents: skipped {skipped[0]:,} duplicates, {skipped[1]:,} empty, "
+        f"{skipped[2]:,} over budget"
     )
     return table
 
@@ -72,7 +76,9 @@ def cmd_inspect(overrides: list[str]) -> int:
 
     settings = PolicySettings.from_config(config.data, config.train, config.seed)
     cache = prepare_cache(spec)
-    stats = inspect_split(settings, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir)
+    stats = inspect_split(
+        settings, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir
+    )
     path = Path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(stats, indent=2, default=float) + "\n")
@@ -92,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pretrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     prepare = sub.add_parser("prepare", help="build or verify the token cache; prints its directory last")
-    prepare.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. source=local source.files='[a.parquet]'")
+    prepare.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. source=local source.files='[a.parquet]'"
+    )
     inspect = sub.add_parser("inspect-data", help="statistics of the cache under the chosen policy")
     inspect.add_argument("overrides", nargs="*", help="Hydra overrides plus output=FILE.json")
     compare = sub.add_parser("compare", help="loss and padding waste of runs or sweeps side by side")

@@ -63,7 +63,7 @@ def gather_packed(
     tokens: np.ndarray,
     starts: np.ndarray,
     lengths: np.ndarray,
-    pack_sizes: Sequence[int],
+    pack_sizes: Sequence[int] | np.ndarray,
     capacity: int,
 ) -> PackedBatch:
     """Build a packed batch straight from the token file.

@@ -40,7 +40,11 @@ def cache_root(configured: str | None) -> Path:
 
 
 def cache_identity(
-    source: SourceConfig, tokenizer: TokenizerConfig, tokenizer_files: TokenizerFiles, split: SplitConfig, budget: BudgetConfig
+    source: SourceConfig,
+    tokenizer: TokenizerConfig,
+    tokenizer_files: TokenizerFiles,
+    split: SplitConfig,
+    budget: BudgetConfig,
 ) -> dict:
     """Everything that decides the cache's bytes, and nothing else."""
     return {
@@ -78,7 +82,9 @@ class CacheSpec:
     @classmethod
     def from_config(cls, config: Config) -> CacheSpec:
         tokenizer_files = resolve_files(config.tokenizer)
-        identity = cache_identity(config.source, config.tokenizer, tokenizer_files, config.split, config.budget)
+        identity = cache_identity(
+            config.source, config.tokenizer, tokenizer_files, config.split, config.budget
+        )
         return cls(
             root=cache_root(config.cache_root),
             identity=identity,
@@ -143,7 +149,10 @@ class Cache:
         return TokenSplit(tokens=tokens, offsets=offsets, lengths=lengths, ids=ids, name=name)
 
     def counts(self) -> dict:
-        return {name: {k: self.manifest["splits"][name][k] for k in ("documents", "tokens", "prediction_pairs")} for name in SPLITS}
+        return {
+            name: {k: self.manifest["splits"][name][k] for k in ("documents", "tokens", "prediction_pairs")}
+            for name in SPLITS
+        }
 
 
 def verify_cache(directory: Path, identity: dict | None = None) -> dict:
@@ -154,17 +163,22 @@ def verify_cache(directory: Path, identity: dict | None = None) -> dict:
     directory = Path(directory)
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
-        raise CacheError(f"{manifest_path} is missing: the cache at {directory} is incomplete; {REBUILD_HINT}")
+        raise CacheError(
+            f"{manifest_path} is missing: the cache at {directory} is incomplete; {REBUILD_HINT}"
+        )
     try:
         manifest = json.loads(manifest_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CacheError(f"{manifest_path} is not valid JSON ({error}); {REBUILD_HINT}") from error
     if not isinstance(manifest, dict) or manifest.get("checksum") != manifest_checksum(manifest):
-        raise CacheError(f"{manifest_path} was edited: its checksum does not match its content; {REBUILD_HINT}")
+        raise CacheError(
+            f"{manifest_path} was edited: its checksum does not match its content; {REBUILD_HINT}"
+        )
     if identity is not None and manifest.get("identity") != identity:
         raise CacheError(
             f"{manifest_path} describes another cache identity than the config asks for "
-            f"(cache: {canonical_json(manifest.get('identity'))}, config: {canonical_json(identity)}); {REBUILD_HINT}"
+            f"(cache: {canonical_json(manifest.get('identity'))}, config: {canonical_json(identity)}); "
+            f"{REBUILD_HINT}"
         )
     for split in SPLITS:
         entry = manifest["splits"][split]
@@ -179,7 +193,9 @@ def verify_cache(directory: Path, identity: dict | None = None) -> dict:
                     f"(truncated or appended); {REBUILD_HINT}"
                 )
             if sha256_file(path) != expected["sha256"]:
-                raise CacheError(f"{path} does not match its sha256 in the manifest (corrupted); {REBUILD_HINT}")
+                raise CacheError(
+                    f"{path} does not match its sha256 in the manifest (corrupted); {REBUILD_HINT}"
+                )
         _check_index(directory, split, entry)
     return manifest
 

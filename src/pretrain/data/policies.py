@@ -103,7 +103,9 @@ class PolicySettings:
         if batch_size is not None and microbatch_tokens is not None:
             raise ConfigError(_BOTH_SIZES)
         if batch_size is None and microbatch_tokens is None:
-            raise ConfigError("set one of train.batch_size (packs per microbatch) and train.microbatch_tokens")
+            raise ConfigError(
+                "set one of train.batch_size (packs per microbatch) and train.microbatch_tokens"
+            )
         if batch_size is None:
             batch_size = max(1, _positive_int(microbatch_tokens, "train.microbatch_tokens") // max_seq_len)
         return cls(
@@ -157,7 +159,9 @@ class Layout:
 
 
 def _chunk_layout(table: ChunkTable, items: np.ndarray, ptr: np.ndarray) -> Layout:
-    return Layout(start=table.start[items], length=table.length[items], doc=table.doc[items], item_id=items, ptr=ptr)
+    return Layout(
+        start=table.start[items], length=table.length[items], doc=table.doc[items], item_id=items, ptr=ptr
+    )
 
 
 def first_chunk_ids(table: ChunkTable) -> np.ndarray:
@@ -247,7 +251,13 @@ def load_or_build_packs(
             stored = {"items": items, "ptr": ptr}
         else:
             w = concat_windows(split.offsets, split.lengths, max_seq_len)
-            stored = {"start": w.start, "length": w.length, "doc": w.doc, "ends_document": w.ends_document, "ptr": w.ptr}
+            stored = {
+                "start": w.start,
+                "length": w.length,
+                "doc": w.doc,
+                "ends_document": w.ends_document,
+                "ptr": w.ptr,
+            }
         if path is not None:
             _write_atomic(path, {"header": np.array(json.dumps(header, sort_keys=True)), **stored})
     if strategy == "bfd":

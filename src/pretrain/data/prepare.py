@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from filelock import FileLock, Timeout
@@ -54,8 +55,8 @@ class SplitWriter:
     budget: int | None
     documents: int = 0
     tokens: int = 0
-    _bin_hash: object = field(default_factory=hashlib.sha256)
-    _index_hash: object = field(default_factory=hashlib.sha256)
+    _bin_hash: Any = field(default_factory=hashlib.sha256)
+    _index_hash: Any = field(default_factory=hashlib.sha256)
 
     def __post_init__(self):
         bin_name, index_name = split_files(self.split)
@@ -201,7 +202,7 @@ def build_cache(spec: CacheSpec, directory: Path, *, progress: bool = True) -> d
     eos = np.array([EOS_TOKEN_ID], dtype=np.uint32)
 
     def choose(batch: list[Document]) -> list[tuple[str, str, str]]:
-        """(id, split, text) of the batch's documents still wanted: blanks, duplicates and full splits skipped."""
+        """(id, split, text) of the documents still wanted: blanks, duplicates and full splits skipped."""
         chosen = []
         for doc in batch:
             stats.read += 1
@@ -240,7 +241,7 @@ def build_cache(spec: CacheSpec, directory: Path, *, progress: bool = True) -> d
             pending = None  # (chosen, future) of the previous batch
             for batch in _prefetch(_batches(iter_documents(spec.source))):
                 chosen = choose(batch)
-                # The literal text "<|endoftext|>" inside a document stays text: only our EOS separates documents.
+                # A literal "<|endoftext|>" in a document stays text: only our EOS separates documents.
                 future = pool.submit(encode_batch, [text for _, _, text in chosen], add_special_tokens=False)
                 if pending is not None:
                     write(pending[0], pending[1].result())

@@ -138,7 +138,7 @@ class Sampler:
 
     def _settings_key(self) -> dict:
         """Settings a saved state depends on, by config key; a resume with other values is refused."""
-        sizing = {"train.batch_size": self.batch_size, "seed": self.settings.seed}
+        sizing: dict[str, int | None] = {"train.batch_size": self.batch_size, "seed": self.settings.seed}
         if not self.train:
             sizing = {
                 "train.eval_microbatch_tokens": self.settings.eval_microbatch_tokens,
@@ -174,7 +174,9 @@ class Sampler:
             batches = global_batches // self.world_size
             if not self.train and self.settings.val_batches is not None:
                 batches = min(batches, self.settings.val_batches)
-            plan = EpochPlan(layout, self._unit_order(key, len(layout)), self.batch_size, global_batches, batches)
+            plan = EpochPlan(
+                layout, self._unit_order(key, len(layout)), self.batch_size, global_batches, batches
+            )
             if len(self._plans) >= 2:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
@@ -248,14 +250,16 @@ class Sampler:
     def load_state_dict(self, state: dict) -> None:
         if int(state.get("version", -1)) != STATE_VERSION:
             raise ConfigError(
-                f"sampler state version {state.get('version')!r}, expected {STATE_VERSION}: the checkpoint was "
-                "written by another version of pretrain; start a new run (ckpt_path=null)"
+                f"sampler state version {state.get('version')!r}, expected {STATE_VERSION}: the checkpoint "
+                "was written by another version of pretrain; start a new run (ckpt_path=null)"
             )
         saved, current = dict(state.get("settings", {})), self._settings_key()
         changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
         if changed:
             detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
-            raise ConfigError(f"the sampler state was saved with other data settings ({detail}); resume with the same ones")
+            raise ConfigError(
+                f"the sampler state was saved with other data settings ({detail}); resume with the same ones"
+            )
         epoch, cursor = int(state["epoch"]), int(state["cursor"])
         if epoch < 0 or cursor < 0:
             raise ConfigError(f"bad sampler state: epoch={epoch}, cursor={cursor}")
@@ -294,7 +298,9 @@ class PaddedSampler(Sampler):
             return rows * self.max_seq_len
         ordered = plan.layout.unit_tokens[plan.order]
         heads = np.arange(0, rows, plan.batch_size)
-        return int((np.maximum.reduceat(ordered, heads) * np.diff(np.append(heads, rows))).sum()) if rows else 0
+        return (
+            int((np.maximum.reduceat(ordered, heads) * np.diff(np.append(heads, rows))).sum()) if rows else 0
+        )
 
     def slots(self, plan: EpochPlan) -> int:
         return self.computed_rows(plan)  # a padded row holds its padded width
@@ -318,6 +324,7 @@ class PrepackedSampler(Sampler):
         if self.settings.strategy != "concat":
             return out
         lengths = layout.length[items]
+        assert layout.ends_document is not None  # concat windows mark them
         ends = layout.ends_document[items]
         if ends.any():  # the pair EOS -> next document's first token
             rows = torch.from_numpy((np.cumsum(lengths) - 1)[ends])
@@ -341,7 +348,7 @@ class PrepackedSampler(Sampler):
         return self.settings.strategy == "concat" and not self.settings.document_mask
 
     def policy_settings(self) -> dict:
-        key = {"data.strategy": self.settings.strategy}
+        key: dict[str, str | bool] = {"data.strategy": self.settings.strategy}
         if self.settings.strategy == "concat":
             key["data.document_mask"] = self.settings.document_mask
         return key
@@ -394,4 +401,6 @@ def build_sampler(
     packs_dir: Path | None = None,
 ) -> Sampler:
     """The sampler of `settings.policy` for one split and rank."""
-    return SAMPLERS[settings.policy](split, settings, train=train, rank=rank, world_size=world_size, packs_dir=packs_dir)
+    return SAMPLERS[settings.policy](
+        split, settings, train=train, rank=rank, world_size=world_size, packs_dir=packs_dir
+    )

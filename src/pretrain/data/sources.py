@@ -14,7 +14,6 @@ import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, SourceError
@@ -35,7 +34,16 @@ class Document:
 # --- pydocs: real English prose shipped with every Python install --------------------------------
 
 # Tests, demos and vendored third-party code are not the standard library's documentation.
-_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "lib2to3", "turtledemo"}
+_SKIP_DIRS = {
+    "site-packages",
+    "dist-packages",
+    "test",
+    "tests",
+    "idle_test",
+    "__pycache__",
+    "lib2to3",
+    "turtledemo",
+}
 
 
 def _stdlib_dir() -> Path:
@@ -63,14 +71,14 @@ def _module_docstrings(path: Path) -> str:
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             doc = ast.get_docstring(node)
             if doc and (node is tree or len(doc) > 40):
-                title = "" if node is tree else f"{node.name}\n"
+                title = "" if isinstance(node, ast.Module) else f"{node.name}\n"
                 parts.append(title + doc)
     return "\n\n".join(dict.fromkeys(parts))  # identical docstrings (overloads) once
 
 
 def _stdlib_modules() -> list[Path]:
     root = _stdlib_dir()
-    paths = []
+    paths: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
         paths.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
@@ -101,7 +109,9 @@ _FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".ndjson":
 def _file_format(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix not in _FORMATS:
-        raise SourceError(f"{path}: unsupported file type {suffix!r}; give .parquet or .jsonl files with a `text` column")
+        raise SourceError(
+            f"{path}: unsupported file type {suffix!r}; give .parquet or .jsonl files with a `text` column"
+        )
     return _FORMATS[suffix]
 
 
@@ -192,9 +202,13 @@ def fineweb_documents(source: SourceConfig) -> Iterator[Document]:
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in {"1", "true", "yes"} or os.environ.get(
         "HF_DATASETS_OFFLINE", "0"
     ).lower() in {"1", "true", "yes"}:
-        raise SourceError(f"source=fineweb needs the Hugging Face hub, but HF_HUB_OFFLINE is set; {_OFFLINE_HINT}")
+        raise SourceError(
+            f"source=fineweb needs the Hugging Face hub, but HF_HUB_OFFLINE is set; {_OFFLINE_HINT}"
+        )
     if not _hub_reachable():
-        raise SourceError(f"source=fineweb: huggingface.co cannot be reached from this machine; {_OFFLINE_HINT}")
+        raise SourceError(
+            f"source=fineweb: huggingface.co cannot be reached from this machine; {_OFFLINE_HINT}"
+        )
     from datasets import load_dataset
 
     stream = load_dataset(
@@ -224,7 +238,9 @@ SOURCE_KINDS = ("pydocs", "local", "fineweb")
 def _kind(source: SourceConfig) -> str:
     kind = str(source.kind)
     if kind not in SOURCE_KINDS:
-        raise ConfigError(f"source.kind={kind!r} is not one of {', '.join(SOURCE_KINDS)} (pick source=pydocs|local|fineweb)")
+        raise ConfigError(
+            f"source.kind={kind!r} is not one of {', '.join(SOURCE_KINDS)} (pick source=pydocs|local|fineweb)"
+        )
     return kind
 
 

@@ -38,7 +38,9 @@ def _document_blocks(split: TokenSplit, window: int, block_tokens: int):
     if len(docs) == 0:
         return
     ends = np.cumsum(body[docs])
-    cut = np.searchsorted(ends, np.arange(block_tokens, int(ends[-1]) + block_tokens, block_tokens), side="left")
+    cut = np.searchsorted(
+        ends, np.arange(block_tokens, int(ends[-1]) + block_tokens, block_tokens), side="left"
+    )
     first = 0
     for last in np.unique(np.minimum(cut + 1, len(docs))):
         if last > first:
@@ -146,7 +148,9 @@ def stats_warnings(stats: dict) -> list[str]:
     """Loud problems: validation documents seen in training."""
     lines = []
     if stats.get("train_validation_overlap", 0) > 0:
-        lines.append(f"WARNING: {stats['train_validation_overlap']} document ids are in both train and validation")
+        lines.append(
+            f"WARNING: {stats['train_validation_overlap']} document ids are in both train and validation"
+        )
     if stats.get("verbatim_leaks", 0) > 0:
         lines.append(
             f"WARNING: {stats['verbatim_leaks']} validation documents share a {LEAK_WINDOW}-token window "

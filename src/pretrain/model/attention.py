@@ -142,8 +142,8 @@ def plan_sdpa(lengths: np.ndarray, device: torch.device | str, per_octave: int =
 def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: int, width: int) -> torch.Tensor:
     """Causal SDPA over `rows` independent sequences of `width` stored flat as (rows*width, H, D)."""
     _, heads, dim = q.shape
-    shaped = [x.reshape(rows, width, heads, dim).transpose(1, 2) for x in (q, k, v)]
-    out = F.scaled_dot_product_attention(*shaped, is_causal=True)
+    query, key, value = (x.reshape(rows, width, heads, dim).transpose(1, 2) for x in (q, k, v))
+    out = F.scaled_dot_product_attention(query, key, value, is_causal=True)
     return out.transpose(1, 2).reshape(rows * width, heads, dim)
 
 
@@ -154,6 +154,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Sdpa
         return q.new_empty(q.shape)
     if plan.uniform_width:
         return _causal_sdpa(q, k, v, num_tokens // plan.uniform_width, plan.uniform_width)
+    assert plan.gather is not None and plan.scatter is not None
     sizes = [n * w for n, w in plan.buckets]
     parts = [x.index_select(0, plan.gather).split(sizes) for x in (q, k, v)]
     outs = [_causal_sdpa(qb, kb, vb, n, w) for (n, w), qb, kb, vb in zip(plan.buckets, *parts, strict=True)]
@@ -182,16 +183,15 @@ def document_block_mask(lengths: np.ndarray, device: torch.device | str, block: 
     """
     from torch.nn.attention.flex_attention import BlockMask
 
-    lengths = np.asarray(lengths, dtype=np.int64)
-    num_tokens = int(lengths.sum())
-    lengths = torch.as_tensor(lengths, device=device)
+    num_tokens = int(np.asarray(lengths, dtype=np.int64).sum())
+    seg_lengths = torch.as_tensor(np.asarray(lengths, dtype=np.int64), device=device)
     blocks = max(1, -(-num_tokens // block))
     # Rows past T (the last tile's padding) get document -1: no real token ever matches them.
     doc = torch.full((blocks * block,), -1, dtype=torch.int64, device=device)
     doc[:num_tokens] = torch.repeat_interleave(
-        torch.arange(len(lengths), device=device), lengths, output_size=num_tokens
+        torch.arange(len(seg_lengths), device=device), seg_lengths, output_size=num_tokens
     )
-    seg_start = torch.cumsum(lengths, 0) - lengths
+    seg_start = torch.cumsum(seg_lengths, 0) - seg_lengths
     tile = torch.arange(blocks, device=device)
     first_row = tile * block
     last_row = torch.clamp((tile + 1) * block - 1, max=max(num_tokens - 1, 0))
@@ -239,13 +239,14 @@ def flex_attention(
             raise ConfigError(FLEX_CPU_TRAINING)
         # Torch refuses CPU flex whenever an input requires grad, even under no_grad.
         q, k, v = q.detach(), k.detach(), v.detach()
-    shaped = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)]  # (1, H, T, D)
+    query, key, value = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # (1, H, T, D)
     if compiled:
-        out = _compiled_flex()(*shaped, block_mask=block_mask)
+        out = _compiled_flex()(query, key, value, block_mask=block_mask)
     else:
         with warnings.catch_warnings():  # eager is deliberate here (CPU evaluation, debugging)
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            out = eager_flex(*shaped, block_mask=block_mask)
+            out = eager_flex(query, key, value, block_mask=block_mask)
+    assert isinstance(out, torch.Tensor)  # no return_lse / return_aux
     return out.squeeze(0).transpose(0, 1)
 
 
@@ -262,7 +263,9 @@ def varlen_attention(
 
     q, k, v = (x.contiguous() for x in (q, k, v))  # the flash kernel wants dense (T, H, D)
     # window_size must be the tuple (-1, 0): that (and only that) selects the causal kernel.
-    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=(-1, 0))
+    out = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, window_size=(-1, 0))
+    assert isinstance(out, torch.Tensor)  # no return_aux
+    return out
 
 
 # --------------------------------------------------------------------------------------------- batch
@@ -285,7 +288,7 @@ def prepare_attention(
     cu_seqlens: torch.Tensor,
     lengths: np.ndarray,
     device: torch.device,
-    compile: bool | str = "auto",
+    attn_compile: bool | str = "auto",
 ) -> AttentionBatch:
     """Build what `backend` needs for this batch: sdpa bucket plan, flex BlockMask, varlen boundaries."""
     device = torch.device(device)
@@ -294,7 +297,7 @@ def prepare_attention(
     if backend == "sdpa":
         return AttentionBatch(backend, cu, max_seqlen, sdpa_plan=plan_sdpa(lengths, device))
     if backend == "flex":
-        compiled = device.type == "cuda" if compile == "auto" else bool(compile)
+        compiled = device.type == "cuda" if attn_compile == "auto" else bool(attn_compile)
         mask = document_block_mask(lengths, device)
         return AttentionBatch(backend, cu, max_seqlen, block_mask=mask, compiled=compiled)
     if backend == "varlen":
@@ -305,6 +308,7 @@ def prepare_attention(
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionBatch) -> torch.Tensor:
     """Dispatch to the batch's backend; q, k, v and the result are (T, H, D)."""
     if meta.backend == "sdpa":
+        assert meta.sdpa_plan is not None
         return sdpa_attention(q, k, v, meta.sdpa_plan)
     if meta.backend == "flex":
         return flex_attention(q, k, v, meta.block_mask, meta.compiled)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 
 from ..errors import ConfigError
 
+
 @dataclass(frozen=True)
 class GPTConfig:
     vocab_size: int

@@ -65,17 +65,18 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     """GPT-2 on PackedBatch. `attn` is `attn.backend`: `auto`, `sdpa`, `flex` or `varlen`
-    (attention.py); `compile` is `attn.compile`: `auto` (compile flex_attention on CUDA only), True or False."""
+    (attention.py); `attn_compile` is `attn.compile`: `auto` (compile flex_attention on CUDA only), True or
+    False. (Not `compile`: that is nn.Module's own method.)"""
 
-    def __init__(self, config: GPTConfig, attn: str = "sdpa", compile: bool | str = "auto"):
+    def __init__(self, config: GPTConfig, attn: str = "sdpa", attn_compile: bool | str = "auto"):
         super().__init__()
         if attn not in CHOICES:
             raise ConfigError(f"attn.backend must be one of {', '.join(CHOICES)}; got {attn!r}")
-        if compile not in ("auto", True, False):
-            raise ConfigError(f"attn.compile must be auto, true or false; got {compile!r}")
+        if attn_compile not in ("auto", True, False):
+            raise ConfigError(f"attn.compile must be auto, true or false; got {attn_compile!r}")
         self.config = config
         self.attn_backend = str(attn)
-        self.compile = compile
+        self.attn_compile = attn_compile
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.wpe = nn.Embedding(config.max_seq_len, config.d_model)
         self.drop = nn.Dropout(config.dropout)
@@ -117,7 +118,7 @@ class GPT(nn.Module):
         device = self.wte.weight.device
         backend = self.backend(device)  # before any compute: a backend that cannot run fails here
         lengths = check_batch(batch, self.config.max_seq_len)
-        meta = prepare_attention(backend, batch.cu_seqlens, lengths, device, self.compile)
+        meta = prepare_attention(backend, batch.cu_seqlens, lengths, device, self.attn_compile)
         input_ids = batch.input_ids.to(device, non_blocking=True)
         position_ids = batch.position_ids.to(device, non_blocking=True)
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))

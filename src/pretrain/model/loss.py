@@ -25,7 +25,7 @@ def _chunk_losses(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Ten
 def token_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_rows: int = LOSS_CHUNK_ROWS
 ) -> torch.Tensor:
-    """(T,) cross-entropy (at least fp32) of `hidden @ weight.T` against `targets`; 0 where the target is ignored."""
+    """(T,) cross-entropy (at least fp32) of `hidden @ weight.T` against `targets`; 0 where ignored."""
     if hidden.shape[0] <= chunk_rows:
         return _chunk_losses(hidden, weight, targets)
     checkpointed = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)

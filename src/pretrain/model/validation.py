@@ -35,8 +35,8 @@ def check_batch(batch: PackedBatch, max_seq_len: int) -> np.ndarray:
     if (lengths < 0).any():
         at = int(np.argmax(lengths < 0))
         raise ValueError(
-            f"batch.cu_seqlens must be monotonic non-decreasing; it drops from {bounds[at]} to {bounds[at + 1]} "
-            f"at index {at + 1}"
+            f"batch.cu_seqlens must be monotonic non-decreasing; it drops from {bounds[at]} to "
+            f"{bounds[at + 1]} at index {at + 1}"
         )
     if bounds[-1] != num_tokens:
         raise ValueError(

@@ -65,8 +65,8 @@ def _label(run_dir: Path, config: dict) -> str:
         items = [i for i in items if not i.startswith(("hydra.", "experiment="))]
         if items:
             return " ".join(items)
-    data = config.get("data", {})
-    return f"{data.get('policy', '?')} L={data.get('max_seq_len', '?')} bs={config.get('train', {}).get('batch_size', '?')}"
+    data, train = config.get("data", {}), config.get("train", {})
+    return f"{data.get('policy', '?')} L={data.get('max_seq_len', '?')} bs={train.get('batch_size', '?')}"
 
 
 def load_run(run_dir: Path) -> Run:
@@ -103,20 +103,24 @@ def _drop_shared_label_parts(runs: list[Run]) -> None:
 
 
 def markdown_table(runs: list[Run]) -> str:
-    header = "| run | policy | max_seq_len | batch | real tokens | train loss | val loss | tokens/s | padding waste | pack util |"
-    lines = [header, "|---" * (header.count("|") - 1) + "|"]
+    columns = ["run", "policy", "max_seq_len", "batch", "real tokens", "train loss", "val loss", "tokens/s"]
+    columns += ["padding waste", "pack util"]
+    lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     for run in runs:
-        lines.append(
-            f"| {run.label} | {run.policy} | {run.max_seq_len} | {run.batch_size} | {run.last('train/tokens'):,.0f} | "
-            f"{run.last('train/loss'):.4f} | {run.last('val/loss'):.4f} | {np.median(run.values('train/tokens_per_sec')) if len(run.values('train/tokens_per_sec')) else math.nan:,.0f} | "
-            f"{run.mean('train/padding_waste'):.1%} | {run.mean('train/pack_utilization'):.1%} |"
-        )
+        speeds = run.values("train/tokens_per_sec")
+        cells = [run.label, run.policy, run.max_seq_len, run.batch_size, f"{run.last('train/tokens'):,.0f}"]
+        cells += [f"{run.last('train/loss'):.4f}", f"{run.last('val/loss'):.4f}"]
+        cells += [f"{np.median(speeds) if len(speeds) else math.nan:,.0f}"]
+        cells += [f"{run.mean('train/padding_waste'):.1%}", f"{run.mean('train/pack_utilization'):.1%}"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines) + "\n"
 
 
 def _short(label: str) -> str:
     """`data=padded train.batch_size=2` -> `padded batch_size=2`: room for the numbers."""
-    return " ".join(w.removeprefix("data=").removeprefix("data.").removeprefix("train.") for w in label.split(" "))
+    return " ".join(
+        w.removeprefix("data=").removeprefix("data.").removeprefix("train.") for w in label.split(" ")
+    )
 
 
 def plot(runs: list[Run], output: Path) -> None:
@@ -137,7 +141,11 @@ def plot(runs: list[Run], output: Path) -> None:
         val = np.array(run.series.get("val/loss", []))
         if len(val):
             ax.plot(val[:, 0], val[:, 1], "o--", color=color, markersize=5)
-    ax.set(xlabel="real tokens seen", ylabel="loss (lines: train, dots: validation)", title="loss against real tokens seen")
+    ax.set(
+        xlabel="real tokens seen",
+        ylabel="loss (lines: train, dots: validation)",
+        title="loss against real tokens seen",
+    )
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     y = np.arange(len(runs))
     panels = (
@@ -146,6 +154,7 @@ def plot(runs: list[Run], output: Path) -> None:
         ("train/pack_utilization", "pack utilization (real / packs x capacity)", "{:.1%}", np.mean),
     )
     for column, (metric, title, fmt, reduce) in enumerate(panels):
+        assert callable(reduce)
         ax = fig.add_subplot(grid[1, column])
         values = [float(reduce(run.values(metric))) if len(run.values(metric)) else math.nan for run in runs]
         bars = ax.barh(y, values, color=colors)

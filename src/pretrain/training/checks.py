@@ -21,7 +21,9 @@ def training_device(trainer: TrainerConfig) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if accelerator in {"gpu", "cuda"}:
         if not torch.cuda.is_available():
-            raise ConfigError(f"trainer.accelerator={accelerator} but this machine has no CUDA device; use trainer=cpu")
+            raise ConfigError(
+                f"trainer.accelerator={accelerator} but this machine has no CUDA device; use trainer=cpu"
+            )
         return "cuda"
     return "cpu"
 

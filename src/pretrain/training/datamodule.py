@@ -33,7 +33,9 @@ class Update:
     sampler_state: dict = field(default_factory=dict)
 
     def to(self, device, non_blocking: bool = False) -> Update:
-        return replace(self, microbatches=[mb.to(device, non_blocking=non_blocking) for mb in self.microbatches])
+        return replace(
+            self, microbatches=[mb.to(device, non_blocking=non_blocking) for mb in self.microbatches]
+        )
 
 
 class UpdateStream(IterableDataset):
@@ -87,22 +89,33 @@ class PretrainDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.cache is None:
             self.cache = prepare_cache(self.spec, progress=False)
-        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
-        common = dict(rank=rank, world_size=world, packs_dir=self.cache.packs_dir)
         if self.train_sampler is None:
-            self.train_sampler = build_sampler(self.policy, self.cache.split("train"), train=True, **common)
+            self.train_sampler = self._sampler(self.cache, "train")
         if self.val_sampler is None:
-            self.val_sampler = build_sampler(self.policy, self.cache.split("validation"), train=False, **common)
+            self.val_sampler = self._sampler(self.cache, "validation")
 
-    def val_sampler_ready(self):
+    def _sampler(self, cache: Cache, split: str) -> Sampler:
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        return build_sampler(
+            self.policy,
+            cache.split(split),
+            train=split == "train",
+            rank=rank,
+            world_size=world,
+            packs_dir=cache.packs_dir,
+        )
+
+    def val_sampler_ready(self) -> Sampler:
         """The validation sampler, with the checkpoint's state applied once (its order is fixed, so
         this only re-checks that the validation settings did not change)."""
+        assert self.val_sampler is not None, "setup() builds the samplers"
         if self._resume_validation is not None:
             self.val_sampler.load_state_dict(copy.deepcopy(self._resume_validation))
             self._resume_validation = None
         return self.val_sampler
 
     def train_dataloader(self) -> DataLoader:
+        assert self.train_sampler is not None, "setup() builds the samplers"
         if self._resume_state is not None:
             self.train_sampler.load_state_dict(copy.deepcopy(self._resume_state))
             self._trained_state, self._resume_state = self._resume_state, None
@@ -124,8 +137,8 @@ class PretrainDataModule(L.LightningDataModule):
     def load_state_dict(self, state: dict) -> None:
         if state.get("cache_key") not in (None, self.cache_key):
             raise CheckpointError(
-                f"the checkpoint was trained on cache {state.get('cache_key')}, this config gives {self.cache_key}: "
-                "resume with the same source, tokenizer, split and budget settings"
+                f"the checkpoint was trained on cache {state.get('cache_key')}, this config gives "
+                f"{self.cache_key}: resume with the same source, tokenizer, split and budget settings"
             )
         self._resume_state = state.get("train_sampler")
         self._resume_validation = state.get("validation_sampler")

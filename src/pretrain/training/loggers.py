@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
 from dataclasses import asdict
+from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
@@ -18,9 +17,11 @@ def wandb_mode(requested: str | None) -> str:
         return requested
     if os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"]
-    has_key = bool(os.environ.get("WANDB_API_KEY")) or (Path.home() / ".netrc").is_file() and "api.wandb.ai" in (
-        Path.home() / ".netrc"
-    ).read_text(errors="ignore")
+    has_key = (
+        bool(os.environ.get("WANDB_API_KEY"))
+        or (Path.home() / ".netrc").is_file()
+        and "api.wandb.ai" in (Path.home() / ".netrc").read_text(errors="ignore")
+    )
     return "online" if has_key else "offline"
 
 
@@ -32,7 +33,7 @@ def run_group(logger: LoggerConfig, experiment_name: str) -> str:
         from hydra.core.hydra_config import HydraConfig
 
         hydra_cfg = HydraConfig.get()
-        if hydra_cfg.mode.name == "MULTIRUN":
+        if hydra_cfg.mode is not None and hydra_cfg.mode.name == "MULTIRUN":
             return "/".join(Path(hydra_cfg.sweep.dir).parts[-3:])
     except ValueError:  # not under Hydra
         pass
@@ -43,7 +44,12 @@ def build_loggers(config: Config, output_dir: Path) -> list[Logger]:
     loggers: list[Logger] = [CSVLogger(save_dir=str(output_dir), name="", version="")]
     logger = config.logger
     if logger.kind == "wandb":
-        tags = [*logger.tags, f"policy:{config.data.policy}", f"attn:{config.attn.backend}", f"model:{config.model.name}"]
+        tags = [
+            *logger.tags,
+            f"policy:{config.data.policy}",
+            f"attn:{config.attn.backend}",
+            f"model:{config.model.name}",
+        ]
         loggers.append(
             WandbLogger(
                 project=logger.project,

@@ -35,7 +35,7 @@ def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
 
 class PretrainModule(L.LightningModule):
     """`model` and `train` are the run's GPTConfig and `train` group (or their dicts, as a checkpoint's
-    hyper-parameters hold them); `compile` is `attn.compile`."""
+    hyper-parameters hold them); `attn_backend` and `attn_compile` are `attn.backend` and `attn.compile`."""
 
     def __init__(
         self,
@@ -44,7 +44,7 @@ class PretrainModule(L.LightningModule):
         attn_backend: str,
         max_seq_len: int,
         cache_key: str,
-        compile: bool | str = "auto",
+        attn_compile: bool | str = "auto",
     ):
         super().__init__()
         self.gpt_config = model if isinstance(model, GPTConfig) else GPTConfig(**model)
@@ -56,11 +56,11 @@ class PretrainModule(L.LightningModule):
                 "attn_backend": attn_backend,
                 "max_seq_len": max_seq_len,
                 "cache_key": cache_key,
-                "compile": compile,
+                "attn_compile": attn_compile,
             }
         )
         self.automatic_optimization = False
-        self.model = GPT(self.gpt_config, attn=attn_backend, compile=compile)
+        self.model = GPT(self.gpt_config, attn=attn_backend, attn_compile=attn_compile)
         self.tokens_seen = 0  # real tokens trained on, all ranks; restored from the checkpoint
         self._last_step_end: float | None = None
         self.last_metrics: dict[str, float] = {}  # latest value of each metric, for the run summary
@@ -72,7 +72,10 @@ class PretrainModule(L.LightningModule):
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
         beta1, beta2 = settings.betas
         optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            [
+                {"params": decay, "weight_decay": settings.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
             lr=settings.lr,
             betas=(beta1, beta2),
         )
@@ -81,7 +84,9 @@ class PretrainModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def _all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self.trainer.strategy.reduce(tensor, reduce_op="sum") if self.trainer.world_size > 1 else tensor
+        return (
+            self.trainer.strategy.reduce(tensor, reduce_op="sum") if self.trainer.world_size > 1 else tensor
+        )
 
     def training_step(self, update, batch_idx):
         optimizer = self.optimizers()
@@ -96,7 +101,9 @@ class PretrainModule(L.LightningModule):
             world_size=self.trainer.world_size,
         )
         if self.settings.grad_clip:
-            self.clip_gradients(optimizer, gradient_clip_val=self.settings.grad_clip, gradient_clip_algorithm="norm")
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.settings.grad_clip, gradient_clip_algorithm="norm"
+            )
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
@@ -104,8 +111,9 @@ class PretrainModule(L.LightningModule):
         now = time.perf_counter()
         self._last_step_end = now
         # The state after this update is what a checkpoint taken now must resume from.
-        if self.trainer.datamodule is not None:
-            self.trainer.datamodule.mark_trained(update.sampler_state)
+        datamodule = getattr(self.trainer, "datamodule", None)  # set by fit(); not in Trainer's stubs
+        if datamodule is not None:
+            datamodule.mark_trained(update.sampler_state)
         metrics = {
             "train/loss": result.loss,
             "train/tokens": float(self.tokens_seen),
@@ -148,14 +156,18 @@ class PretrainModule(L.LightningModule):
 
     @torch.no_grad()
     def validation_loss(self) -> float:
-        sampler = self.trainer.datamodule.val_sampler_ready()
+        datamodule = getattr(self.trainer, "datamodule", None)  # set by fit(); not in Trainer's stubs
+        assert datamodule is not None, "validation needs the PretrainDataModule"
+        sampler = datamodule.val_sampler_ready()
         was_training = self.model.training
         self.model.eval()
         sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         for batch in sampler:
             batch = batch.to(self.device)
             loss_sum = self.model.loss(batch, denominator=1).double()
-            sums += torch.stack([loss_sum, torch.tensor(float(batch.num_targets), dtype=torch.float64, device=self.device)])
+            sums += torch.stack(
+                [loss_sum, torch.tensor(float(batch.num_targets), dtype=torch.float64, device=self.device)]
+            )
         self.model.train(was_training)
         sums = self._all_reduce_sum(sums)
         return float(sums[0] / sums[1]) if sums[1] > 0 else math.nan

@@ -66,7 +66,8 @@ def _hydra_mode() -> str | None:
     """RUN or MULTIRUN under @hydra.main, else None (tests, notebooks)."""
     from hydra.core.hydra_config import HydraConfig
 
-    return HydraConfig.get().mode.name if HydraConfig.initialized() else None
+    mode = HydraConfig.get().mode if HydraConfig.initialized() else None
+    return None if mode is None else mode.name
 
 
 def _output_dir(configured: str | None) -> Path:
@@ -154,7 +155,7 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
         attn_backend=run.attn_backend,
         max_seq_len=run.policy.max_seq_len,
         cache_key=run.cache.key,
-        compile=config.attn.compile,
+        attn_compile=config.attn.compile,
     )
     if config.record_batches:
         callbacks = [*callbacks, BatchRecorder(output_dir)]
@@ -203,8 +204,11 @@ def report(summary: dict) -> None:
         plot = compare([output], output=output / "compare.png", quiet=True)
         console.print(f"comparison plot: {plot}")
     metrics = summary["metrics"]
+    losses = {key: metrics.get(key, float("nan")) for key in ("train/loss", "val/loss")}
     console.print(
         f"[bold]done[/bold]: {summary['steps']} steps, {summary['tokens']:,} real tokens, "
-        f"train/loss {metrics.get('train/loss', float('nan')):.3f}, val/loss {metrics.get('val/loss', float('nan')):.3f}"
+        f"train/loss {losses['train/loss']:.3f}, val/loss {losses['val/loss']:.3f}"
     )
-    console.print(f"outputs: {output}\ncheckpoint: {summary['checkpoint']}\nmetrics: {output / 'metrics.csv'}")
+    console.print(
+        f"outputs: {output}\ncheckpoint: {summary['checkpoint']}\nmetrics: {output / 'metrics.csv'}"
+    )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..data.batch import PackedBatch
+from ..model import GPT
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ def _identity_sum(values: torch.Tensor) -> torch.Tensor:
 
 
 def run_update(
-    model: torch.nn.Module,
+    model: GPT,
     microbatches: Sequence[PackedBatch],
     *,
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
