@@ -185,3 +185,20 @@ def test_hub_source_offline_fails_fast_and_clearly():
     assert time.monotonic() - started < 10
     message = str(info.value)
     assert "openai-community/gpt2" in message and "tokenizer.source=bundled" in message
+
+
+def test_token_byte_lengths_add_up_to_the_utf8_bytes_of_the_text(corpus_texts):
+    """Bits per byte divides by these: GPT-2's byte-level BPE is lossless, so they must be exact."""
+    from pretrain.data.tokenizer import token_byte_lengths
+
+    files = bundled_files()
+    tokenizer = build_tokenizer(files, special_tokens=False)  # as the cache encodes documents
+    lengths = token_byte_lengths(files, 50257)
+    assert lengths[EOS_TOKEN_ID] == 0 and lengths.min() == 0 and lengths[15496] == len("Hello")
+    for text in [
+        *corpus_texts[:40],
+        "Unicode: café, 日本語, emoji 🎉 \u3000 tab\there",
+        "<|endoftext|> as text",
+    ]:
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        assert int(lengths[ids].sum()) == len(text.encode("utf-8"))

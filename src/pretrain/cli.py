@@ -1,4 +1,4 @@
-"""The `pretrain` command: prepare, inspect-data, compare.
+"""The `pretrain` command: prepare, inspect-data, compare, eval, export.
 
 Errors a user can fix (`pretrain.errors.PretrainError` and Hydra's config errors) are printed in one
 line with exit status 2; anything else keeps its traceback.
@@ -94,6 +94,34 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(checkpoint: str, overrides: list[str]) -> int:
+    from .evaluate import evaluate_checkpoint
+
+    output, overrides = _split_option(overrides, "output")
+    result = evaluate_checkpoint(checkpoint, overrides)
+    table = Table(title=f"eval: {checkpoint} (step {result['step']}, policy {result['policy']})")
+    table.add_column("statistic")
+    table.add_column("value", justify="right")
+    for key in ("loss", "perplexity", "bits_per_byte", "targets", "documents", "bytes"):
+        value = result[key]
+        table.add_row(key, f"{value:,.4f}" if isinstance(value, float) else f"{value:,}")
+    Console().print(table)
+    if output:
+        path = Path(output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(path.resolve())
+    return 0
+
+
+def cmd_export(checkpoint: str, output: str) -> int:
+    from .hf import export
+
+    directory = export(checkpoint, output)
+    print(directory)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pretrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -106,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="loss and padding waste of runs or sweeps side by side")
     compare.add_argument("dirs", nargs="+", help="run directories or multirun directories")
     compare.add_argument("--output", help="PNG path (default: compare.png in the first directory)")
+    evaluate = sub.add_parser("eval", help="validation loss, perplexity and bits per byte of a checkpoint")
+    evaluate.add_argument("checkpoint", help="a .ckpt written by python train.py")
+    evaluate.add_argument(
+        "overrides", nargs="*", help="overrides on the checkpoint's config, plus output=FILE.json"
+    )
+    export = sub.add_parser("export", help="a Hugging Face GPT2LMHeadModel directory from a checkpoint")
+    export.add_argument("checkpoint", help="a .ckpt written by python train.py")
+    export.add_argument("--output", required=True, help="a new directory")
     return parser
 
 
@@ -117,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
                 return cmd_prepare(args.overrides)
             if args.command == "inspect-data":
                 return cmd_inspect(args.overrides)
+            if args.command == "eval":
+                return cmd_eval(args.checkpoint, args.overrides)
+            if args.command == "export":
+                return cmd_export(args.checkpoint, args.output)
             return cmd_compare(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -186,6 +186,10 @@ class ModelConfig:
     """biases in linear layers and LayerNorms (GPT-2 has them)"""
     max_seq_len: int = II("data.max_seq_len")
     """learned positions; follows data.max_seq_len"""
+    init_from: str | None = None
+    """a local Hugging Face GPT-2 directory (config.json + model.safetensors) to start training from"""
+    extend_positions: bool = False
+    """init_from: allow data.max_seq_len past its position table (extra positions start fresh)"""
 
 
 @dataclass

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from ..errors import TokenizerError
@@ -26,7 +27,15 @@ if TYPE_CHECKING:
 
 EOS_TEXT = "<|endoftext|>"
 
-__all__ = ["EOS_TEXT", "EOS_TOKEN_ID", "TokenizerError", "TokenizerFiles", "build_tokenizer", "resolve_files"]
+__all__ = [
+    "EOS_TEXT",
+    "EOS_TOKEN_ID",
+    "TokenizerError",
+    "TokenizerFiles",
+    "build_tokenizer",
+    "resolve_files",
+    "token_byte_lengths",
+]
 
 
 @dataclass(frozen=True)
@@ -134,3 +143,29 @@ def load_tokenizer(tokenizer: TokenizerConfig | None = None) -> tuple[Tokenizer,
     # Rayon threads inside encode_batch; must be decided before any fork.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     return build_tokenizer(files), files
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's bytes_to_unicode table reversed: the printable character standing for each byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+def token_byte_lengths(files: TokenizerFiles, vocab_size: int) -> np.ndarray:
+    """UTF-8 bytes each token id stands for (0 for special tokens such as EOS): byte-level BPE is
+    lossless, so the bytes of a document's text are the sum over its tokens (bits per byte)."""
+    decoder = _byte_decoder()
+    lengths = np.zeros(vocab_size, dtype=np.int64)
+    for token, index in json.loads(Path(files.vocab).read_text(encoding="utf-8")).items():
+        if index < vocab_size and token != EOS_TEXT:
+            lengths[index] = sum(1 for char in token if char in decoder)
+    return lengths

@@ -35,7 +35,8 @@ def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
 
 class PretrainModule(L.LightningModule):
     """`model` and `train` are the run's GPTConfig and `train` group (or their dicts, as a checkpoint's
-    hyper-parameters hold them); `attn_backend` and `attn_compile` are `attn.backend` and `attn.compile`."""
+    hyper-parameters hold them); `attn_backend` and `attn_compile` are `attn.backend` and `attn.compile`;
+    `run_config` (the resolved config) and `cache_identity` are recorded for eval and export."""
 
     def __init__(
         self,
@@ -45,6 +46,8 @@ class PretrainModule(L.LightningModule):
         max_seq_len: int,
         cache_key: str,
         attn_compile: bool | str = "auto",
+        run_config: dict | None = None,
+        cache_identity: dict | None = None,
     ):
         super().__init__()
         self.gpt_config = model if isinstance(model, GPTConfig) else GPTConfig(**model)
@@ -57,6 +60,10 @@ class PretrainModule(L.LightningModule):
                 "max_seq_len": max_seq_len,
                 "cache_key": cache_key,
                 "attn_compile": attn_compile,
+                # What `pretrain eval` and `pretrain export` rebuild from: the resolved config and
+                # the cache identity (its tokenizer's content hash names the tokenizer files).
+                "run_config": run_config,
+                "cache_identity": cache_identity,
             }
         )
         self.automatic_optimization = False
@@ -174,7 +181,10 @@ class PretrainModule(L.LightningModule):
 
     # --- counters that a resume must continue -----------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["pretrain"] = {"tokens_seen": self.tokens_seen}
+        checkpoint["pretrain"] = {
+            "tokens_seen": self.tokens_seen,
+            "val_loss": self.last_metrics.get("val/loss"),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.tokens_seen = int(checkpoint.get("pretrain", {}).get("tokens_seen", 0))

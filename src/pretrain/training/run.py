@@ -95,6 +95,10 @@ class RunSettings:
         policy = PolicySettings.from_config(config.data, config.train, config.seed)
         backend = attention_backend(config.attn, config.trainer)
         model = GPTConfig.from_settings(config.model)
+        if config.model.init_from and not config.ckpt_path:
+            from ..hf import check_init_from
+
+            check_init_from(config.model.init_from, model, config.model.extend_positions)
         cache = CacheSpec.from_config(config)
         check_checkpoint(config.ckpt_path, policy.max_seq_len, model, cache.key)
         return cls(config, policy, model, cache, backend, _output_dir(config.output_dir))
@@ -156,7 +160,13 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
         max_seq_len=run.policy.max_seq_len,
         cache_key=run.cache.key,
         attn_compile=config.attn.compile,
+        run_config=OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True),  # type: ignore[arg-type]
+        cache_identity=run.cache.identity,
     )
+    if config.model.init_from and not config.ckpt_path:  # a resume loads its own weights
+        from ..hf import init_from
+
+        init_from(module.model, config.model.init_from, config.model.extend_positions)
     if config.record_batches:
         callbacks = [*callbacks, BatchRecorder(output_dir)]
     trainer = build_trainer(config, output_dir, callbacks)

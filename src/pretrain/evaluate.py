@@ -1,0 +1,114 @@
+"""`pretrain eval CKPT [overrides]`: validation loss, perplexity and bits per byte of a checkpoint.
+
+The checkpoint's own resolved config (cache, tokenizer, max_seq_len, policy) is the base; overrides go
+on top (`data=padded`, `attn=sdpa`, `train.eval_microbatch_tokens=4096`). Every prediction pair of
+every validation document is scored once, each chunk isolated (data/evaluation.py), so the result is
+the same for every `data.policy`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from .config import Config, config_dir, to_config
+from .data.cache import CacheSpec
+from .data.evaluation import document_bytes, evaluation_batches
+from .data.policies import PolicySettings
+from .data.prepare import prepare_cache
+from .data.tokenizer import token_byte_lengths
+from .data.tokens import TokenSplit
+from .errors import CheckpointError, ConfigError
+from .hf import load_checkpoint, model_weights
+from .model import GPT, GPTConfig
+from .model.attention import check_backend
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    loss: float  # mean cross-entropy per real target, nats
+    perplexity: float
+    bits_per_byte: float  # total nats / ln 2 / UTF-8 bytes of the documents' text
+    targets: int
+    documents: int
+    nats: float
+    bytes: int
+
+
+@torch.no_grad()
+def evaluate(model: GPT, split: TokenSplit, settings: PolicySettings, token_bytes) -> Evaluation:
+    """Score every prediction pair of `split` (float64 sums, whatever the model's dtype)."""
+    was_training = model.training
+    model.eval()
+    device = model.wte.weight.device
+    nats = torch.zeros((), dtype=torch.float64, device=device)
+    targets = 0
+    for batch in evaluation_batches(settings, split):
+        nats += model.token_losses(batch.to(device)).double().sum()
+        targets += batch.num_targets
+    model.train(was_training)
+    total = float(nats)
+    size = document_bytes(split, token_bytes)
+    loss = total / targets if targets else math.nan
+    return Evaluation(
+        loss=loss,
+        perplexity=math.exp(loss) if targets else math.nan,
+        bits_per_byte=total / math.log(2) / size if size else math.nan,
+        targets=targets,
+        documents=len(split),
+        nats=total,
+        bytes=size,
+    )
+
+
+def saved_config(checkpoint: dict, overrides: Sequence[str] = ()) -> Config:
+    """The checkpoint's resolved config with `group=option` and `key=value` overrides on top."""
+    saved = checkpoint["hyper_parameters"].get("run_config")
+    if not saved:
+        raise CheckpointError("the checkpoint does not record its config (written by an older pretrain)")
+    root = OmegaConf.merge(OmegaConf.structured(Config), saved)
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r} is not key=value")
+        group = config_dir() / key
+        if key == "experiment":
+            raise ConfigError("experiment= does not apply to eval: the checkpoint's own config is the base")
+        if "." not in key and group.is_dir():
+            option = group / f"{value}.yaml"
+            if not option.is_file():
+                choices = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
+                raise ConfigError(f"{key}={value}: no such option; choose one of {choices}")
+            root = OmegaConf.merge(root, {key: OmegaConf.load(option)})
+        else:
+            root = OmegaConf.merge(root, OmegaConf.from_dotlist([item]))
+    return to_config(root)  # type: ignore[arg-type]
+
+
+def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict:
+    """The `pretrain eval` result: loss, perplexity, bits_per_byte, targets, documents, step."""
+    checkpoint = load_checkpoint(path)
+    config = saved_config(checkpoint, overrides)
+    settings = PolicySettings.from_config(config.data, config.train, config.seed)
+    gpt_config = GPTConfig(**checkpoint["hyper_parameters"]["model"])
+    if settings.max_seq_len > gpt_config.max_seq_len:
+        raise ConfigError(
+            f"data.max_seq_len={settings.max_seq_len} exceeds the model's {gpt_config.max_seq_len} positions"
+        )
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32  # bf16 autocast on CUDA (varlen needs it)
+    backend = check_backend(str(config.attn.backend), device, dtype, training=False)
+    model = GPT(gpt_config, attn=backend, attn_compile=config.attn.compile)
+    model.load_state_dict(model_weights(checkpoint))
+    spec = CacheSpec.from_config(config)
+    cache = prepare_cache(spec)
+    token_bytes = token_byte_lengths(spec.tokenizer_files, gpt_config.vocab_size)
+    with torch.autocast(device.type, dtype=dtype, enabled=cuda):
+        result = evaluate(model.to(device), cache.split("validation"), settings, token_bytes)
+    return {**asdict(result), "step": int(checkpoint.get("global_step", 0)), "policy": settings.policy}

@@ -1,0 +1,299 @@
+"""Hugging Face round trip: export a checkpoint as a `GPT2LMHeadModel` directory, start training from one.
+
+The model is GPT-2 exactly (tanh GELU = `gelu_new`, LayerNorm eps 1e-5, tied head); only the layout
+differs: GPT-2's Conv1D stores linear weights as (in, out) where `nn.Linear` has (out, in), and its
+keys carry a `transformer.` prefix (the hub's original files have none). Export writes safetensors and
+config.json with `transformers` (the optional extra `.[hf]`); import reads them with `safetensors` and
+`json` alone, so training never imports transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from .errors import CheckpointError, ConfigError
+from .model import GPTConfig
+from .model.gpt import GPT
+
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+HF_BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older transformers saved
+LAYER_NORM_EPS = 1e-5
+ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")  # GPT-2's tanh GELU, two names
+
+
+def _missing_extra(error: ImportError) -> ConfigError:
+    return ConfigError(f"{error.name} is missing: pip install -e '.[hf]' (transformers and safetensors)")
+
+
+# --- weights ------------------------------------------------------------------------------------
+
+
+def to_hf_state_dict(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our GPT's state dict as GPT2LMHeadModel's (the tied lm_head is left to transformers)."""
+    out = {}
+    for key, value in state.items():
+        value = value.detach().to("cpu")
+        out[f"transformer.{key}"] = (
+            value.t().contiguous() if key.endswith(CONV1D_WEIGHTS) else value.contiguous()
+        )
+    return out
+
+
+def from_hf_state_dict(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """GPT2LMHeadModel's (or GPT2Model's) weights as our GPT's state dict; refuses an untied head."""
+    out = {}
+    for key, value in state.items():
+        name = key.removeprefix("transformer.")
+        if name.endswith(HF_BUFFERS):
+            continue
+        if name == "lm_head.weight":
+            continue  # checked against the embedding below
+        out[name] = value.t().contiguous() if name.endswith(CONV1D_WEIGHTS) else value
+    head = state.get("lm_head.weight")
+    if head is not None and "wte.weight" in out and not torch.equal(head, out["wte.weight"]):
+        raise ConfigError(
+            "the model's lm_head is not tied to its token embedding: GPT-2 ties them, this GPT too"
+        )
+    return out
+
+
+# --- export -------------------------------------------------------------------------------------
+
+
+def load_checkpoint(path: Path | str) -> dict:
+    """A Lightning checkpoint of this project, or a CheckpointError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist (give a .ckpt file written by python train.py)")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # truncated, empty, not a checkpoint
+        raise CheckpointError(
+            f"{path} cannot be read as a checkpoint ({type(error).__name__}: {error})"
+        ) from error
+    hparams = checkpoint.get("hyper_parameters", {}) if isinstance(checkpoint, dict) else {}
+    if "model" not in hparams or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path} is not a checkpoint of python train.py (no model hyper-parameters)")
+    return checkpoint
+
+
+def model_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
+    return {
+        k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")
+    }
+
+
+def gpt2_config(model: GPTConfig) -> dict:
+    """transformers' GPT2Config fields for `model`; options GPT-2 has no equivalent for are refused."""
+    if not model.bias:
+        raise ConfigError(
+            "model.bias=false has no GPT-2 equivalent (GPT-2 has biases in every linear layer and "
+            "LayerNorm); only models trained with model.bias=true can be exported"
+        )
+    return {
+        "vocab_size": model.vocab_size,
+        "n_positions": model.max_seq_len,
+        "n_embd": model.d_model,
+        "n_layer": model.n_layer,
+        "n_head": model.n_head,
+        "n_inner": None,  # 4 x n_embd, as ours
+        "activation_function": "gelu_new",
+        "resid_pdrop": model.dropout,
+        "embd_pdrop": model.dropout,
+        "attn_pdrop": 0.0,  # the attention kernels have no dropout
+        "layer_norm_epsilon": LAYER_NORM_EPS,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+        "tie_word_embeddings": True,
+    }
+
+
+def _model_card(checkpoint: dict, hparams: dict) -> str:
+    extra = checkpoint.get("pretrain", {})
+    config = hparams.get("run_config") or {}
+    identity = hparams.get("cache_identity")
+    val_loss = extra.get("val_loss")
+    rows = [
+        ("policy", config.get("data", {}).get("policy", "?")),
+        ("max_seq_len", hparams.get("max_seq_len")),
+        ("optimizer steps", checkpoint.get("global_step")),
+        ("real tokens trained", f"{extra.get('tokens_seen', 0):,}"),
+        ("validation loss (nats/token)", "n/a" if val_loss is None else f"{val_loss:.4f}"),
+        ("cache key", hparams.get("cache_key")),
+    ]
+    table = "\n".join(f"| {name} | {value} |" for name, value in rows)
+    return (
+        "---\nlibrary_name: transformers\npipeline_tag: text-generation\ntags: [gpt2, pretrain]\n---\n\n"
+        "# GPT-2 trained with pretrain\n\n"
+        "Exported by `pretrain export`: load it with `transformers.GPT2LMHeadModel.from_pretrained` and\n"
+        "`AutoTokenizer.from_pretrained` (the GPT-2 tokenizer files its cache was built with).\n\n"
+        "| what | value |\n|---|---|\n"
+        f"{table}\n\n"
+        "## Cache identity\n\n```json\n"
+        f"{json.dumps(identity, indent=2, sort_keys=True)}\n```\n"
+    )
+
+
+def _write_tokenizer(directory: Path, hparams: dict, max_length: int) -> None:
+    from .config import TokenizerConfig
+    from .data.tokenizer import EOS_TEXT, build_tokenizer, resolve_files
+
+    saved = (hparams.get("run_config") or {}).get("tokenizer")
+    if not saved:
+        raise CheckpointError("the checkpoint does not record its tokenizer (written by an older pretrain)")
+    files = resolve_files(TokenizerConfig(**saved))
+    recorded = (hparams.get("cache_identity") or {}).get("tokenizer", {}).get("content_sha256")
+    if recorded and files.content_sha256() != recorded:
+        raise CheckpointError(
+            f"the tokenizer files {files.vocab}, {files.merges} are not those the cache was built with "
+            "(their content differs): give the original files with tokenizer.* overrides"
+        )
+    shutil.copyfile(files.vocab, directory / "vocab.json")
+    shutil.copyfile(files.merges, directory / "merges.txt")
+    build_tokenizer(files).save(str(directory / "tokenizer.json"))
+    special = {"bos_token": EOS_TEXT, "eos_token": EOS_TEXT, "unk_token": EOS_TEXT}
+    settings = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length, "add_prefix_space": False}
+    (directory / "tokenizer_config.json").write_text(json.dumps({**settings, **special}, indent=2) + "\n")
+    (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+
+
+def export(checkpoint_path: Path | str, output: Path | str) -> Path:
+    """Write `output` as a Hugging Face GPT-2 directory; built beside it and renamed into place."""
+    try:
+        from safetensors.torch import save_file
+        from transformers import GPT2Config
+    except ImportError as error:
+        raise _missing_extra(error) from error
+    checkpoint = load_checkpoint(checkpoint_path)
+    hparams = checkpoint["hyper_parameters"]
+    model = GPTConfig(**hparams["model"])
+    config = gpt2_config(model)
+    output = Path(output).resolve()
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ConfigError(f"--output {output} exists and is not an empty directory: pick a new one")
+    weights = to_hf_state_dict(model_weights(checkpoint))
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        GPT2Config(**config, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp)
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        _write_tokenizer(tmp, hparams, model.max_seq_len)
+        (tmp / "README.md").write_text(_model_card(checkpoint, hparams))
+        if output.exists():
+            output.rmdir()
+        os.rename(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return output
+
+
+# --- import (model.init_from) -------------------------------------------------------------------
+
+
+def read_hf_config(directory: Path | str) -> dict:
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"model.init_from={directory}: no config.json there (give a Hugging Face GPT-2 directory)"
+        )
+    config = json.loads(path.read_text())
+    if config.get("model_type", "gpt2") != "gpt2":
+        raise ConfigError(f"model.init_from={directory} holds a {config.get('model_type')} model, not GPT-2")
+    return config
+
+
+def check_init_from(directory: Path | str, model: GPTConfig, extend_positions: bool) -> dict:
+    """Refuse, before any heavy work, a GPT-2 directory whose shape or options differ from `model`."""
+    config = read_hf_config(directory)
+    theirs = {
+        "vocab_size": config.get("vocab_size"),
+        "n_layer": config.get("n_layer"),
+        "n_head": config.get("n_head"),
+        "d_model": config.get("n_embd"),
+    }
+    differ = {
+        key: (value, getattr(model, key)) for key, value in theirs.items() if value != getattr(model, key)
+    }
+    if differ:
+        detail = ", ".join(
+            f"{key}: {have} there, model.{key}={want} here" for key, (have, want) in differ.items()
+        )
+        raise ConfigError(
+            f"model.init_from={directory} has another shape ({detail}): pick the matching model="
+        )
+    if config.get("n_inner") not in (None, 4 * model.d_model):
+        raise ConfigError(
+            f"model.init_from={directory}: n_inner={config['n_inner']}, this GPT has 4 x d_model"
+        )
+    if config.get("activation_function", "gelu_new") not in ACTIVATIONS:
+        raise ConfigError(
+            f"model.init_from={directory}: activation {config['activation_function']}, GPT-2 uses gelu_new"
+        )
+    if not math.isclose(float(config.get("layer_norm_epsilon", LAYER_NORM_EPS)), LAYER_NORM_EPS):
+        raise ConfigError(
+            f"model.init_from={directory}: layer_norm_epsilon {config['layer_norm_epsilon']}, not 1e-5"
+        )
+    if not model.bias:
+        raise ConfigError("model.init_from needs model.bias=true: GPT-2 has biases everywhere")
+    positions = int(config.get("n_positions", 1024))
+    if positions < model.max_seq_len and not extend_positions:
+        raise ConfigError(
+            f"model.init_from={directory} has {positions} positions, data.max_seq_len={model.max_seq_len} "
+            f"needs more: use data.max_seq_len<={positions}, or model.extend_positions=true to start the "
+            "extra positions from a fresh initialisation"
+        )
+    return config
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    try:
+        from safetensors.torch import load_file
+    except ImportError as error:
+        raise _missing_extra(error) from error
+    shards = sorted(directory.glob("model*.safetensors"))
+    if shards:
+        weights: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            weights.update(load_file(str(shard)))
+        return weights
+    legacy = directory / "pytorch_model.bin"
+    if legacy.is_file():
+        return torch.load(legacy, map_location="cpu", weights_only=True)
+    raise ConfigError(f"model.init_from={directory}: no model.safetensors or pytorch_model.bin there")
+
+
+@torch.no_grad()
+def init_from(model: GPT, directory: Path | str, extend_positions: bool = False) -> GPT:
+    """Copy a Hugging Face GPT-2 directory's weights into `model` (positions past the directory's
+    table, with `extend_positions`, keep the model's own initialisation)."""
+    directory = Path(directory)
+    check_init_from(directory, model.config, extend_positions)
+    weights = from_hf_state_dict(_read_weights(directory))
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    if missing or unexpected:
+        raise ConfigError(
+            f"model.init_from={directory}: weights do not match GPT-2's layout "
+            f"(missing {missing[:4]}, unexpected {unexpected[:4]})"
+        )
+    for key, value in weights.items():
+        target = own[key]
+        if key == "wpe.weight" and value.shape[0] != target.shape[0]:
+            rows = min(value.shape[0], target.shape[0])
+            target[:rows].copy_(value[:rows])
+            continue
+        if value.shape != target.shape:
+            raise ConfigError(
+                f"model.init_from={directory}: {key} is {tuple(value.shape)}, expected {tuple(target.shape)}"
+            )
+        target.copy_(value)
+    return model

@@ -1,0 +1,295 @@
+"""Hugging Face round trip: export to GPT2LMHeadModel, import with model.init_from, pretrain eval.
+
+Everything offline: the exported directory is loaded with local files only, and the "public GPT-2"
+is a randomly initialised GPT-2-shaped transformers model saved to disk here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, cli_env
+
+from pretrain.config import load_config, to_config
+from pretrain.data import TokenSplit, chunk_table, gather_packed
+from pretrain.errors import ConfigError
+from pretrain.evaluate import evaluate, evaluate_checkpoint
+from pretrain.hf import export, init_from, load_checkpoint, model_weights
+from pretrain.model import GPT, GPTConfig
+from pretrain.training.run import train
+
+transformers = pytest.importorskip("transformers")
+ATOL = 1e-5
+# The smoke run with a small validation split (~3k tokens): evaluation scores all of it several times.
+BASE = ["experiment=smoke", "budget.validation_tokens=3000"]
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("cache")
+    os.environ["PRETRAIN_CACHE_ROOT"] = str(root)
+    yield root
+    os.environ.pop("PRETRAIN_CACHE_ROOT", None)
+
+
+@pytest.fixture(scope="module")
+def trained(cache_root, tmp_path_factory) -> Path:
+    """A tiny model trained for a few steps at max_seq_len 128 on the embedded corpus."""
+    out = tmp_path_factory.mktemp("run")
+    overrides = [*BASE, f"output_dir={out}", "progress_bar=false", "train.max_steps=4"]
+    train(load_config([*overrides, "train.val_every_n_steps=2"]))
+    return out / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory) -> Path:
+    return export(trained, tmp_path_factory.mktemp("export") / "gpt2-tiny")
+
+
+def project_model(checkpoint: Path) -> GPT:
+    saved = load_checkpoint(checkpoint)
+    model = GPT(GPTConfig(**saved["hyper_parameters"]["model"]), attn="sdpa")
+    model.load_state_dict(model_weights(saved))
+    return model.eval()
+
+
+def hf_model(directory: Path):
+    return transformers.GPT2LMHeadModel.from_pretrained(directory, local_files_only=True).eval()
+
+
+def documents(seed: int, count: int, high: int = 120) -> TokenSplit:
+    rng = np.random.default_rng(seed)
+    return TokenSplit.from_lengths(rng.integers(5, high, size=count), seed=seed)
+
+
+def test_export_writes_a_directory_transformers_loads_offline(exported):
+    names = {p.name for p in exported.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer.json",
+        "README.md",
+    } <= names
+    config = json.loads((exported / "config.json").read_text())
+    assert config["n_positions"] == 128 and config["activation_function"] == "gelu_new"
+    assert (config["n_layer"], config["n_head"], config["n_embd"], config["vocab_size"]) == (4, 4, 128, 50257)
+    assert config["resid_pdrop"] == config["embd_pdrop"] == config["attn_pdrop"] == 0.0
+    tokenizer = transformers.AutoTokenizer.from_pretrained(exported, local_files_only=True)
+    assert tokenizer("Hello world")["input_ids"] == [15496, 995]
+    assert tokenizer.eos_token_id == 50256 and tokenizer.model_max_length == 128
+    card = (exported / "README.md").read_text()
+    assert "bestfit" in card and "content_sha256" in card and "optimizer steps | 4" in card
+    assert not [p for p in exported.parent.iterdir() if p.name.startswith(".")]  # no tmp left
+
+
+def test_exported_logits_equal_the_project_model(trained, exported):
+    ours, theirs = project_model(trained), hf_model(exported)
+    split = documents(seed=1, count=6)
+    with torch.no_grad():
+        for i in range(len(split)):  # one document at a time, batch of one in transformers
+            ids = torch.from_numpy(split.document(i)[:-1].astype(np.int64))
+            batch = gather_packed(split.tokens, split.offsets[i : i + 1], [len(ids)], [1], 128)
+            torch.testing.assert_close(ours(batch), theirs(ids[None]).logits[0], atol=ATOL, rtol=0)
+        # A packed batch: each chunk (max_seq_len 32 here, so long documents are cut) must equal the
+        # chunk run alone in transformers, last token of every chunk included.
+        table = chunk_table(split.offsets, split.lengths, 32)
+        packed = gather_packed(split.tokens, table.start, table.length, [len(table)], 32 * len(table))
+        logits = ours(packed)
+        starts = np.concatenate([[0], np.cumsum(table.length)])
+        for c in range(len(table)):
+            ids = torch.from_numpy(
+                np.asarray(split.tokens[table.start[c] : table.start[c] + table.length[c]], np.int64)
+            )
+            expected = theirs(ids[None]).logits[0]
+            got = logits[starts[c] : starts[c + 1]]
+            torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+            torch.testing.assert_close(got[-1], expected[-1], atol=ATOL, rtol=0)
+
+
+def greedy(model: GPT, prompt: list[int], steps: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            tokens = np.asarray([*ids, 0], dtype=np.int64)
+            batch = gather_packed(tokens, [0], [len(ids)], [1], 128)
+            ids.append(int(model(batch)[-1].argmax()))
+    return ids[len(prompt) :]
+
+
+def test_cached_generation_in_transformers_matches_the_project_model(trained, exported):
+    prompt = [464, 3290, 286, 262, 1917, 318]  # "The history of the world is"
+    theirs = hf_model(exported).generate(
+        torch.tensor([prompt]), max_new_tokens=12, do_sample=False, use_cache=True, pad_token_id=50256
+    )
+    assert theirs[0, len(prompt) :].tolist() == greedy(project_model(trained), prompt, 12)
+
+
+def test_init_from_an_export_reproduces_the_logits(trained, exported):
+    ours = project_model(trained)
+    fresh = GPT(ours.config, attn="sdpa").eval()
+    init_from(fresh, exported)
+    split = documents(seed=2, count=3)
+    batch = gather_packed(split.tokens, split.offsets, split.lengths - 1, [1, 1, 1], 128)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(batch), ours(batch), atol=0, rtol=0)
+
+
+def test_a_gpt2_shaped_hf_model_imports_with_identical_logits(tmp_path):
+    config = transformers.GPT2Config(
+        vocab_size=50257,
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    torch.manual_seed(0)
+    reference = transformers.GPT2LMHeadModel(config).eval()
+    reference.save_pretrained(tmp_path / "gpt2-random")
+    ours = GPT(
+        GPTConfig(vocab_size=50257, n_layer=2, n_head=2, d_model=32, max_seq_len=64), attn="sdpa"
+    ).eval()
+    init_from(ours, tmp_path / "gpt2-random")
+    split = documents(seed=3, count=4, high=60)
+    with torch.no_grad():
+        for i in range(len(split)):
+            ids = torch.from_numpy(split.document(i)[:-1].astype(np.int64))
+            batch = gather_packed(split.tokens, split.offsets[i : i + 1], [len(ids)], [1], 64)
+            torch.testing.assert_close(ours(batch), reference(ids[None]).logits[0], atol=ATOL, rtol=0)
+
+
+def test_init_from_refuses_what_does_not_fit(tmp_path):
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "short")
+    longer = GPT(GPTConfig(vocab_size=50257, n_layer=2, n_head=2, d_model=32, max_seq_len=64))
+    with pytest.raises(ConfigError, match=r"32 positions.*data\.max_seq_len<=32"):
+        init_from(longer, tmp_path / "short")
+    before = longer.wpe.weight.detach().clone()
+    init_from(longer, tmp_path / "short", extend_positions=True)  # explicit: rows past 32 keep their init
+    assert torch.equal(longer.wpe.weight[32:], before[32:])
+    assert not torch.equal(longer.wpe.weight[:32], before[:32])
+    wider = GPT(GPTConfig(vocab_size=50257, n_layer=2, n_head=2, d_model=64, max_seq_len=32))
+    with pytest.raises(ConfigError, match=r"d_model: 32 there, model\.d_model=64 here"):
+        init_from(wider, tmp_path / "short")
+    other_vocab = GPT(GPTConfig(vocab_size=1000, n_layer=2, n_head=2, d_model=32, max_seq_len=32))
+    with pytest.raises(ConfigError, match="vocab_size"):
+        init_from(other_vocab, tmp_path / "short")
+    with pytest.raises(ConfigError, match="no config.json"):
+        init_from(longer, tmp_path)
+
+
+def test_export_refuses_a_model_without_biases(trained, tmp_path):
+    checkpoint = torch.load(trained, map_location="cpu", weights_only=False)
+    checkpoint["hyper_parameters"]["model"]["bias"] = False
+    torch.save(checkpoint, tmp_path / "nobias.ckpt")
+    with pytest.raises(ConfigError, match="model.bias=false has no GPT-2 equivalent"):
+        export(tmp_path / "nobias.ckpt", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_is_the_same_for_every_policy_and_counts_every_pair(trained):
+    results = {policy: evaluate_checkpoint(trained, [f"data={policy}"]) for policy in ("padded", "bestfit")}
+    results["prepacked"] = evaluate_checkpoint(trained, ["data=prepacked", "data.document_mask=false"])
+    padded = results["padded"]
+    config = to_config(load_config(BASE))
+    assert padded["step"] == 4 and padded["documents"] > 0
+    for result in results.values():
+        assert result["targets"] == padded["targets"]  # every validation pair, nothing truncated
+        assert result["loss"] == pytest.approx(padded["loss"], abs=1e-5)
+        assert result["perplexity"] == pytest.approx(math.exp(result["loss"]))
+        assert result["bits_per_byte"] == pytest.approx(result["nats"] / math.log(2) / result["bytes"])
+    assert config.data.max_seq_len == 128
+
+
+def test_a_reimported_model_starts_at_the_eval_loss(trained, exported):
+    result = evaluate_checkpoint(trained, ["data=bestfit"])
+    from pretrain.data.cache import CacheSpec
+    from pretrain.data.policies import PolicySettings
+    from pretrain.data.prepare import prepare_cache
+    from pretrain.data.tokenizer import token_byte_lengths
+
+    config = to_config(load_config([*BASE, f"model.init_from={exported}"]))
+    model = GPT(GPTConfig.from_settings(config.model), attn="sdpa")
+    init_from(model, config.model.init_from)
+    spec = CacheSpec.from_config(config)
+    settings = PolicySettings.from_config(config.data, config.train, config.seed)
+    mine = evaluate(
+        model,
+        prepare_cache(spec).split("validation"),
+        settings,
+        token_byte_lengths(spec.tokenizer_files, 50257),
+    )
+    assert mine.loss == pytest.approx(result["loss"], abs=1e-6) and mine.targets == result["targets"]
+
+
+def test_cli_export_and_eval(trained, tmp_path, cache_root):
+    command = [sys.executable, "-m", "pretrain.cli"]
+    env = cli_env(cache_root)
+    out = tmp_path / "eval.json"
+    proc = subprocess.run(
+        [*command, "eval", str(trained), "data=padded", f"output={out}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert {"loss", "perplexity", "bits_per_byte", "targets", "documents", "step"} <= set(result)
+    assert proc.stdout.strip().splitlines()[-1] == str(out.resolve())
+    proc = subprocess.run(
+        [*command, "export", str(trained), "--output", str(tmp_path / "hf")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    again = subprocess.run(
+        [*command, "export", str(trained), "--output", str(tmp_path / "hf")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (
+        again.returncode == 2 and "not an empty directory" in again.stderr and "Traceback" not in again.stderr
+    )
+    missing = subprocess.run(
+        [*command, "eval", str(tmp_path / "nope.ckpt")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert missing.returncode == 2 and "nope.ckpt does not exist" in missing.stderr
+
+
+def test_training_starts_from_init_from(cache_root, exported, tmp_path):
+    out = tmp_path / "run"
+    overrides = [*BASE, f"output_dir={out}", "progress_bar=false", "train.max_steps=1"]
+    summary = train(
+        load_config([*overrides, f"model.init_from={exported}", "train.lr=1e-9", "train.warmup_steps=0"])
+    )
+    fresh = train(load_config([*BASE, f"output_dir={tmp_path / 'fresh'}", *overrides[3:]]))
+    # Starting from the trained weights, the first loss is already far below a fresh init's.
+    assert summary["metrics"]["train/loss"] < fresh["metrics"]["train/loss"] - 0.5
+    with pytest.raises(ConfigError, match="data.max_seq_len<=128"):
+        train(load_config([*overrides, f"model.init_from={exported}", "data.max_seq_len=256"]))
