@@ -3,7 +3,7 @@
 Both policies see the same chunks of the same synthetic documents (FineWeb-like lognormal lengths),
 so they train on the same real tokens; the padded policy also computes its pad rows. The ideal
 speedup is padded computed rows / real tokens; the target is measured >= 0.8 x ideal.
-The document, chunk and packing helpers are shared with scripts/gpu_check.py.
+The documents, chunks and batches come from pretrain.data.synthetic (shared with scripts/gpu_check.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import time
 import numpy as np
 import torch
 
-from pretrain.data import PackedBatch, TokenSplit, chunk_table, gather_packed, gather_padded
+from pretrain.config import load_config, to_config
+from pretrain.data import PackedBatch
+from pretrain.data.synthetic import fineweb_like_lengths, packed_batches, padded_batches, synthetic_chunks
 from pretrain.model import GPT, GPTConfig
 
 NAME = "model"
@@ -22,57 +24,6 @@ ROWS_PER_BATCH = 8  # padded rows or packs per microbatch
 DOCUMENTS = 24
 ROUNDS = 2  # timed passes per policy (batches interleaved across policies); the fastest counts
 TARGET = 0.8  # measured speedup >= TARGET x ideal
-
-
-def fineweb_like_lengths(count: int, seed: int = 0, mu: float = 6.0, sigma: float = 1.0) -> np.ndarray:
-    """Document lengths in tokens (EOS included, >= 2): lognormal like FineWeb's, median ~400."""
-    rng = np.random.default_rng(seed)
-    return np.maximum(2, np.rint(rng.lognormal(mu, sigma, size=count))).astype(np.int64)
-
-
-def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
-    """Indices of items per pack, each pack's lengths summing to <= capacity (a stand-in for bestfit)."""
-    packs: list[list[int]] = []
-    room: list[int] = []
-    for i in np.argsort(-np.asarray(lengths), kind="stable"):
-        n = int(lengths[i])
-        slot = next((p for p, free in enumerate(room) if free >= n), None)
-        if slot is None:
-            packs.append([])
-            room.append(capacity)
-            slot = len(packs) - 1
-        packs[slot].append(int(i))
-        room[slot] -= n
-    return packs
-
-
-def synthetic_chunks(documents: int, capacity: int, seed: int = 0):
-    """A random-token split of FineWeb-like documents and its chunks (<= capacity inputs each)."""
-    split = TokenSplit.from_lengths(fineweb_like_lengths(documents, seed), seed=seed)
-    return split, chunk_table(split.offsets, split.lengths, capacity)
-
-
-def padded_batches(split: TokenSplit, table, capacity: int, rows: int) -> list[PackedBatch]:
-    """MiniMind-style rows: one chunk per row of `capacity` columns, pads computed."""
-    return [
-        gather_padded(split.tokens, table.start[i : i + rows], table.length[i : i + rows], row_width=capacity)
-        for i in range(0, len(table), rows)
-    ]
-
-
-def packed_batches(split: TokenSplit, table, capacity: int, packs_per_batch: int) -> list[PackedBatch]:
-    """The same chunks packed first-fit-decreasing, `packs_per_batch` packs per padding-free batch."""
-    packs = first_fit_decreasing(table.length, capacity)
-    batches = []
-    for i in range(0, len(packs), packs_per_batch):
-        group = packs[i : i + packs_per_batch]
-        order = np.array([c for pack in group for c in pack])
-        batches.append(
-            gather_packed(
-                split.tokens, table.start[order], table.length[order], [len(p) for p in group], capacity
-            )
-        )
-    return batches
 
 
 def train_step(model: GPT, batch: PackedBatch, denominator: int) -> float:
@@ -134,11 +85,12 @@ def attention_only(segments: int = 400, repeats: int = 3) -> dict:
 
 def run() -> dict:
     torch.manual_seed(0)
-    model = GPT(GPTConfig.preset("tiny", max_seq_len=CAPACITY), attn="sdpa")
+    settings = to_config(load_config(["model=tiny", f"data.max_seq_len={CAPACITY}"]))
+    model = GPT(GPTConfig.from_settings(settings.model), attn="sdpa")
     split, table = synthetic_chunks(DOCUMENTS, CAPACITY)
     policies = {
         "padded": padded_batches(split, table, CAPACITY, ROWS_PER_BATCH),
-        "packed (ffd)": packed_batches(split, table, CAPACITY, ROWS_PER_BATCH),
+        "packed (bfd)": packed_batches(split, table, CAPACITY, ROWS_PER_BATCH),
     }
     interleaved_pass(model, {name: batches[:1] for name, batches in policies.items()})  # warm-up
     best = dict.fromkeys(policies, float("inf"))
@@ -176,9 +128,9 @@ def run() -> dict:
             f"capacity {CAPACITY}, {ROWS_PER_BATCH} rows/packs per microbatch, best of {ROUNDS} passes",
             f"ideal speedup (padded computed rows / real tokens) {ideal:.2f}x; measured {measured:.2f}x "
             f"= {measured / ideal:.2f} of ideal (target >= {TARGET}): {verdict}",
-            f"sdpa forward alone, {attn['segments']} segments / {attn['tokens']} tokens: one call per segment "
-            f"{attn['per_segment_seconds']:.3f} s, bucketed ({attn['sdpa_calls_bucketed']} calls) "
-            f"{attn['bucketed_seconds']:.3f} s",
+            f"sdpa forward alone, {attn['segments']} segments / {attn['tokens']} tokens: "
+            f"one call per segment {attn['per_segment_seconds']:.3f} s, "
+            f"bucketed ({attn['sdpa_calls_bucketed']} calls) {attn['bucketed_seconds']:.3f} s",
         ],
         "attention_only": attn,
         "target": {"measured_over_ideal": TARGET},

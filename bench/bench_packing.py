@@ -15,12 +15,13 @@ import time
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
+from pretrain.config import DataConfig, Policy, TrainConfig
 from pretrain.data.chunking import chunk_table
 from pretrain.data.packing import best_fit_decreasing, concat_windows
-from pretrain.data.policies import bestfit_layout
+from pretrain.data.policies import PolicySettings, bestfit_layout
 from pretrain.data.samplers import build_sampler
+from pretrain.data.synthetic import fineweb_like_lengths
 from pretrain.data.tokens import TokenSplit
 
 NAME = "packing"
@@ -57,30 +58,17 @@ def _pydocs_lengths() -> tuple[np.ndarray, str]:
     return np.array(counts, dtype=np.int64) + 1, how
 
 
-def _synthetic_lengths(documents: int = 12_000, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return np.maximum(2, np.rint(rng.lognormal(mean=6.0, sigma=1.0, size=documents))).astype(np.int64)
-
-
 def _offsets(lengths: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
 
 
-def _cfg(**train) -> OmegaConf:
-    return OmegaConf.create(
-        {
-            "seed": 0,
-            "data": {"policy": "bestfit", "max_seq_len": CAPACITY},
-            "train": {
-                "batch_size": 8,
-                "microbatch_tokens": None,
-                "packing_buffer": 64,
-                "eval_microbatch_tokens": 8192,
-                "val_batches": None,
-                **train,
-            },
-        }
+def _settings() -> PolicySettings:
+    """Best fit at CAPACITY: 8 packs per batch from a buffer of 64 chunks, seed 0."""
+    data = DataConfig(policy=Policy.bestfit, max_seq_len=CAPACITY)
+    train = TrainConfig(
+        batch_size=8, microbatch_tokens=None, packing_buffer=64, eval_microbatch_tokens=8192, val_batches=None
     )
+    return PolicySettings.from_config(data, train, seed=0)
 
 
 def _packing_rows(dataset: str, lengths: np.ndarray) -> tuple[list[dict], dict]:
@@ -111,7 +99,9 @@ def _packing_rows(dataset: str, lengths: np.ndarray) -> tuple[list[dict], dict]:
     first_piece = windows.length[windows.ptr[:-1]]
     stream = int(window_tokens.sum())
     cross = float((window_tokens - first_piece).sum() / stream)
-    rows.append(row("concat, no mask", len(windows), stream, len(windows) * CAPACITY, **{"x-doc %": 100 * cross}))
+    rows.append(
+        row("concat, no mask", len(windows), stream, len(windows) * CAPACITY, **{"x-doc %": 100 * cross})
+    )
     pairs = lengths - 1
     for width in PADDED_LENGTHS:
         real = int(np.minimum(pairs, width).sum())
@@ -134,12 +124,12 @@ def _throughput(dataset: str, lengths: np.ndarray, repeats: int = 5) -> tuple[li
 
 def _measure(dataset: str, lengths: np.ndarray, repeats: int) -> tuple[list[dict], dict]:
     split = TokenSplit.from_lengths(lengths, seed=1)
-    sampler = build_sampler(_cfg(), split, train=True)
+    sampler = build_sampler(_settings(), split, train=True)
     pairs = sampler.table.total_pairs
     metadata = []
     for epoch in range(1, repeats + 1):  # epoch 0 was planned by the constructor
         started = time.perf_counter()
-        sampler._plan(epoch)
+        sampler.plan(epoch)
         metadata.append(time.perf_counter() - started)
     gathered, real = [], 0
     for _ in range(2):
@@ -149,13 +139,18 @@ def _measure(dataset: str, lengths: np.ndarray, repeats: int) -> tuple[list[dict
         gathered.append(time.perf_counter() - started)
     meta_rate = pairs / float(np.median(metadata))
     gather_rate = real / min(gathered)
-    row = {"data": dataset, "method": "bestfit b=64 speed", "Mtok/s": meta_rate / 1e6, "+gather": gather_rate / 1e6}
+    row = {
+        "data": dataset,
+        "method": "bestfit b=64 speed",
+        "Mtok/s": meta_rate / 1e6,
+        "+gather": gather_rate / 1e6,
+    }
     return [row], {"metadata_tokens_per_s": meta_rate, "with_gather_tokens_per_s": gather_rate}
 
 
 def run() -> dict:
     pydocs, how = _pydocs_lengths()
-    datasets = {"pydocs": pydocs, "synth": _synthetic_lengths()}
+    datasets = {"pydocs": pydocs, "synth": fineweb_like_lengths(12_000, seed=0)}
     rows, details = [], {}
     for name, lengths in datasets.items():
         packing_rows, info = _packing_rows(name, lengths)
@@ -200,7 +195,12 @@ def run() -> dict:
             "metadata_tokens_per_s": TARGET_TOKENS_PER_S,
         },
         "verdicts": verdicts,
-        "settings": {"capacity": CAPACITY, "buffers": BUFFERS, "epochs_averaged": EPOCHS, "cpus": os.cpu_count()},
+        "settings": {
+            "capacity": CAPACITY,
+            "buffers": BUFFERS,
+            "epochs_averaged": EPOCHS,
+            "cpus": os.cpu_count(),
+        },
     }
 
 

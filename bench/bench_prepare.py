@@ -4,8 +4,9 @@ The corpus is the embedded pydocs text repeated with a small variation per copy 
 every copy), written as parquet at two sizes (~2M and ~8M GPT-2 tokens). Every measurement runs in a
 fresh subprocess so that its peak RSS is its own:
 
-* prepare: `prepare_cache(cfg, progress=False)` with source=local on the parquet, end to end (lock,
-  identity, read, dedup, split, tokenize, write, hash, fsync, rename); text tokens / wall seconds.
+* prepare: `prepare_cache(CacheSpec.from_config(config), progress=False)` with source=local on the
+  parquet, end to end (identity, lock, read, dedup, split, tokenize, write, hash, fsync, rename); text
+  tokens / wall seconds.
 * raw: the same texts already in memory, the same batches (prepare's BATCH_CHARS), the tokenizer call
   only: `encode_batch` (the baseline asked for) and `encode_batch_fast` (the call prepare makes: the same
   ids without character offsets).
@@ -54,14 +55,10 @@ def _memory() -> dict:
 
 
 def _compose(parquet: str):
-    from pretrain.config import load_config
+    """The typed default config with source=local on `parquet`."""
+    from pretrain.config import load_config, to_config
 
-    extra = []
-    if not (REPO / "conf" / "model" / "tiny.yaml").is_file():
-        extra.append("~model")
-    if not (REPO / "conf" / "attn" / "auto.yaml").is_file():
-        extra.append("~attn")
-    return load_config([*extra, "source=local", f"source.files=['{parquet}']"])
+    return to_config(load_config(["source=local", f"source.files=['{parquet}']"]))
 
 
 def _cpu_seconds() -> float:
@@ -77,9 +74,10 @@ def _worker_prepare(parquet: str) -> dict:
     import datasets  # noqa: F401
     import torch  # noqa: F401
 
+    from pretrain.data.cache import CacheSpec
     from pretrain.data.prepare import prepare_cache
 
-    cfg = _compose(parquet)
+    config = _compose(parquet)
     before = _memory()
     samples: list[float] = []  # RSS every 20 ms during the build: does it keep growing?
     done = threading.Event()
@@ -92,7 +90,7 @@ def _worker_prepare(parquet: str) -> dict:
     sampler.start()
     cpu = _cpu_seconds()
     started = time.perf_counter()
-    cache = prepare_cache(cfg, progress=False)
+    cache = prepare_cache(CacheSpec.from_config(config), progress=False)  # identity included
     seconds = time.perf_counter() - started
     cpu = _cpu_seconds() - cpu
     done.set()
@@ -266,16 +264,19 @@ def run() -> dict:
     verdict_speed = "PASS" if min(ratio, ratio_fast) >= THROUGHPUT_TARGET else "FAIL"
     verdict_rss = "PASS" if rss_ratio <= RSS_FLAT_TARGET else "FAIL"
     summary = [
-        f"prepare {large['prepare tok/s']:,} tok/s on {large['corpus']} tokens: {ratio:.1%} of raw encode_batch "
-        f"({large['raw encode_batch tok/s']:,} tok/s), {ratio_fast:.1%} of raw encode_batch_fast "
-        f"({large['raw encode_batch_fast tok/s']:,} tok/s, the call prepare makes) (target >= {THROUGHPUT_TARGET:.0%}): "
-        f"{verdict_speed}; at {small['corpus']}: {small['prepare/encode_batch']:.1%} / {small['prepare/encode_batch_fast']:.1%}",
-        f"prepare peak RSS {small['prepare peak MiB']:.0f} MiB at {small['corpus']} vs {large['prepare peak MiB']:.0f} MiB "
-        f"at {large['corpus']} tokens: ratio {rss_ratio:.3f}, +{growth:.0f} MiB for {large['tokens'] / small['tokens']:.1f}x "
-        f"the tokens (target <= {RSS_FLAT_TARGET}): {verdict_rss}; within the {large['corpus']} build, max RSS first/second "
-        f"half {large['RSS 1st/2nd half MiB']} MiB (a plateau, not growth)",
-        f"fixed cost of one prepare (lock, identity, tokenizer, stream setup, fsync, rename; datasets already "
-        f"imported): {tiny['seconds']:.2f} s on a {tiny['tokens']:,}-token corpus",
+        f"prepare {large['prepare tok/s']:,} tok/s on {large['corpus']} tokens: "
+        f"{ratio:.1%} of raw encode_batch ({large['raw encode_batch tok/s']:,} tok/s), "
+        f"{ratio_fast:.1%} of raw encode_batch_fast ({large['raw encode_batch_fast tok/s']:,} tok/s, "
+        f"the call prepare makes) (target >= {THROUGHPUT_TARGET:.0%}): {verdict_speed}; "
+        f"at {small['corpus']}: {small['prepare/encode_batch']:.1%} / "
+        f"{small['prepare/encode_batch_fast']:.1%}",
+        f"prepare peak RSS {small['prepare peak MiB']:.0f} MiB at {small['corpus']} "
+        f"vs {large['prepare peak MiB']:.0f} MiB at {large['corpus']} tokens: ratio {rss_ratio:.3f}, "
+        f"+{growth:.0f} MiB for {large['tokens'] / small['tokens']:.1f}x the tokens "
+        f"(target <= {RSS_FLAT_TARGET}): {verdict_rss}; within the {large['corpus']} build, "
+        f"max RSS first/second half {large['RSS 1st/2nd half MiB']} MiB (a plateau, not growth)",
+        f"fixed cost of one prepare (lock, identity, tokenizer, stream setup, fsync, rename; "
+        f"datasets already imported): {tiny['seconds']:.2f} s on a {tiny['tokens']:,}-token corpus",
         f"TOKENIZERS_PARALLELISM={PARALLELISM}, {os.cpu_count()} CPUs, best of {REPEATS}, "
         f"load average {load_before[0]:.1f} before / {os.getloadavg()[0]:.1f} after; "
         f"bench took {time.perf_counter() - started:.0f} s",

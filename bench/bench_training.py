@@ -16,7 +16,9 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from pretrain.config import load_config
+from pretrain.config import load_config, to_config
+from pretrain.data.cache import CacheSpec
+from pretrain.data.policies import PolicySettings
 from pretrain.data.prepare import prepare_cache
 from pretrain.data.samplers import build_sampler
 from pretrain.training.module import PretrainModule
@@ -46,9 +48,16 @@ class StopAtTokens(L.Callback):
 
 def _overrides(out: Path) -> list[str]:
     return [
-        "experiment=smoke", f"+output_dir={out}", "progress_bar=false", f"data.max_seq_len={MAX_SEQ_LEN}",
-        f"train.batch_size={BATCH_SIZE}", "train.max_steps=1000", "train.val_every_n_steps=1000",
-        "train.warmup_steps=3", "train.min_lr_ratio=1.0", "train.checkpoint_every_n_steps=1000",
+        "experiment=smoke",
+        f"output_dir={out}",
+        "progress_bar=false",
+        f"data.max_seq_len={MAX_SEQ_LEN}",
+        f"train.batch_size={BATCH_SIZE}",
+        "train.max_steps=1000",
+        "train.val_every_n_steps=1000",
+        "train.warmup_steps=3",
+        "train.min_lr_ratio=1.0",
+        "train.checkpoint_every_n_steps=1000",
     ]
 
 
@@ -73,8 +82,14 @@ def run() -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("PRETRAIN_CACHE_ROOT", str(Path(tmp) / "cache"))
-        val_cfg = load_config(["experiment=smoke", "data=bestfit", f"data.max_seq_len={MAX_SEQ_LEN}", "train.val_batches=8"])
-        val_sampler = build_sampler(val_cfg, prepare_cache(val_cfg, progress=False).split("validation"), train=False)
+        val = to_config(
+            load_config(
+                ["experiment=smoke", "data=bestfit", f"data.max_seq_len={MAX_SEQ_LEN}", "train.val_batches=8"]
+            )
+        )
+        val_split = prepare_cache(CacheSpec.from_config(val), progress=False).split("validation")
+        val_settings = PolicySettings.from_config(val.data, val.train, val.seed)
+        val_sampler = build_sampler(val_settings, val_split, train=False)
         for label, policy in POLICIES.items():
             out = Path(tmp) / label.split()[0]
             stop = StopAtTokens(TOKEN_BUDGET)
@@ -82,13 +97,15 @@ def run() -> dict:
             with open(out / "metrics.csv", newline="") as handle:
                 metrics = [r for r in csv.DictReader(handle) if r.get("train/tokens_per_sec")]
             steady = metrics[2:] or metrics  # the first steps include start-up
+            speeds = [float(r["train/tokens_per_sec"]) for r in steady]
+            waste = [float(r["train/padding_waste"]) for r in metrics]
             rows.append(
                 {
                     "policy": label,
                     "steps": stop.steps,
                     "real tokens": int(float(metrics[-1]["train/tokens"])),
-                    "real tokens/s (median)": round(statistics.median(float(r["train/tokens_per_sec"]) for r in steady), 1),
-                    "padding waste": round(statistics.mean(float(r["train/padding_waste"]) for r in metrics), 4),
+                    "real tokens/s (median)": round(statistics.median(speeds), 1),
+                    "padding waste": round(statistics.mean(waste), 4),
                     "train loss (last)": round(float(metrics[-1]["train/loss"]), 4),
                     "val loss (shared batches)": round(
                         _validation_loss(_trained_model(out / "checkpoints" / "last.ckpt"), val_sampler), 4
@@ -100,6 +117,14 @@ def run() -> dict:
         row["speedup vs padded"] = round(row["real tokens/s (median)"] / base, 2)
     return {
         "rows": rows,
-        "settings": {"token_budget": TOKEN_BUDGET, "max_seq_len": MAX_SEQ_LEN, "batch_size": BATCH_SIZE, "model": "tiny"},
-        "summary": [f"each policy trained to {TOKEN_BUDGET:,} real tokens (tiny model, CPU, max_seq_len {MAX_SEQ_LEN})"],
+        "settings": {
+            "token_budget": TOKEN_BUDGET,
+            "max_seq_len": MAX_SEQ_LEN,
+            "batch_size": BATCH_SIZE,
+            "model": "tiny",
+        },
+        "summary": [
+            f"each policy trained to {TOKEN_BUDGET:,} real tokens "
+            f"(tiny model, CPU, max_seq_len {MAX_SEQ_LEN})"
+        ],
     }

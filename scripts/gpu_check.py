@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
+import re
 import sys
 import time
 from dataclasses import replace
@@ -43,12 +43,21 @@ TOL_PADDED_PACKED_FP32 = 1e-4  # max |token loss padded - packed|, fp32 sdpa
 TOL_PADDED_PACKED = 1e-1  # the same in bf16 autocast (token losses ~10.8; GEMM shapes differ)
 
 
-def load_bench_helpers():
-    """The synthetic documents and first-fit-decreasing packing of bench/bench_model.py."""
-    spec = importlib.util.spec_from_file_location("bench_model", ROOT / "bench" / "bench_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+SIZE_KEYS = ("n_layer", "n_head", "d_model")
+
+
+def model_size(name: str) -> dict[str, int]:
+    """n_layer, n_head and d_model of a named size, read from its `key: int` lines in
+    conf/model/<name>.yaml (this machine may have torch and numpy only: no yaml, no omegaconf)."""
+    path = ROOT / "conf" / "model" / f"{name}.yaml"
+    values = {
+        key: int(value)
+        for key, value in re.findall(r"^(\w+):\s*(\d+)\s*(?:#.*)?$", path.read_text(), flags=re.MULTILINE)
+    }
+    missing = [key for key in SIZE_KEYS if key not in values]
+    if missing:
+        raise ValueError(f"{path} does not set {', '.join(missing)}")
+    return {key: values[key] for key in SIZE_KEYS}
 
 
 class Report:
@@ -178,25 +187,26 @@ def attention_checks(
 
 
 def model_checks(
-    report: Report, device: torch.device, bench, width: int = 1024, documents: int = 40, d_model: int = 768
+    report: Report, device: torch.device, width: int = 1024, documents: int = 40, d_model: int = 768
 ) -> None:
     from pretrain.data import gather_packed, gather_padded
+    from pretrain.data.packing import best_fit_decreasing
+    from pretrain.data.synthetic import synthetic_chunks
+    from pretrain.data.tokens import GPT2_VOCAB_SIZE
     from pretrain.model import GPT, GPTConfig
 
     print("model level: 2-layer GPT-2 width, bf16 autocast vs fp32 sdpa", flush=True)
     torch.manual_seed(0)
-    model = GPT(
-        GPTConfig(n_layer=2, n_head=d_model // 64, d_model=d_model, max_seq_len=width), attn="sdpa"
-    ).to(device)
+    config = GPTConfig(
+        vocab_size=GPT2_VOCAB_SIZE, n_layer=2, n_head=d_model // 64, d_model=d_model, max_seq_len=width
+    )
+    model = GPT(config, attn="sdpa").to(device)
     # Untruncated documents (<= width inputs) so the padded policy holds each in one row.
-    split, table = bench.synthetic_chunks(documents, width, seed=1)
+    split, _ = synthetic_chunks(documents, width, seed=1)
     keep = np.flatnonzero(split.lengths - 1 <= width)
     starts, inputs = split.offsets[keep], split.lengths[keep] - 1
-    packs = bench.first_fit_decreasing(inputs, 2 * width)
-    order = np.array([i for p in packs for i in p])
-    packed = gather_packed(split.tokens, starts[order], inputs[order], [len(p) for p in packs], 2 * width).to(
-        device
-    )
+    order, ptr = best_fit_decreasing(inputs, 2 * width)
+    packed = gather_packed(split.tokens, starts[order], inputs[order], np.diff(ptr), 2 * width).to(device)
     padded = gather_padded(split.tokens, starts[order], inputs[order], row_width=width).to(device)
     bounds = np.concatenate([[0], np.cumsum(inputs[order])])
 
@@ -252,7 +262,6 @@ def model_checks(
 
 def throughput(
     device: torch.device,
-    bench,
     steps: int,
     warmup: int,
     capacity: int = 4096,
@@ -260,15 +269,18 @@ def throughput(
     size: str = "gpt2-small",
 ) -> list[dict]:
     from pretrain.data import gather_padded
+    from pretrain.data.synthetic import packed_batches, synthetic_chunks
+    from pretrain.data.tokens import GPT2_VOCAB_SIZE
     from pretrain.model import GPT, GPTConfig
 
     print(f"throughput: {size}, {rows} x {capacity}, bf16 autocast, forward+backward", flush=True)
-    split, table = bench.synthetic_chunks(int(rows * capacity / 500), capacity, seed=2)
-    # First-fit-decreasing fills its first packs fullest: batch 0 is a bestfit-like 35 x 4096.
-    packed = bench.packed_batches(split, table, capacity, rows)[0].to(device)
+    split, table = synthetic_chunks(int(rows * capacity / 500), capacity, seed=2)
+    # Best-fit-decreasing leaves only its last packs part-empty: batch 0 is a bestfit-like 35 x 4096.
+    packed = packed_batches(split, table, capacity, rows)[0].to(device)
     padded = gather_padded(split.tokens, table.start[:rows], table.length[:rows], capacity).to(device)
     torch.manual_seed(0)
-    model = GPT(GPTConfig.preset(size, max_seq_len=capacity)).to(device)
+    config = GPTConfig(vocab_size=GPT2_VOCAB_SIZE, max_seq_len=capacity, **model_size(size))
+    model = GPT(config).to(device)
     results = []
     for policy, batch, backend in [
         ("packed", packed, "sdpa"),
@@ -330,13 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must really be fp32
     torch.backends.cudnn.allow_tf32 = False
     device = torch.device("cuda")
-    bench = load_bench_helpers()
     started = time.perf_counter()
     report = Report()
     attention_checks(report, device)
-    model_checks(report, device, bench)
+    model_checks(report, device)
     torch.cuda.empty_cache()  # the check model is gone; hand its memory to the throughput runs
-    rows = [] if args.skip_throughput else throughput(device, bench, args.steps, args.warmup)
+    rows = [] if args.skip_throughput else throughput(device, args.steps, args.warmup)
     result = {
         "passed": report.passed,
         "checks": report.checks,
