@@ -204,6 +204,8 @@ class TrainerConfig:
     """Lightning strategy: auto, ddp, fsdp"""
     precision: str = MISSING
     """Lightning precision: 32-true, bf16-mixed, 16-mixed"""
+    peak_tflops: float | None = None
+    """one device's peak TFLOP/s for train/mfu; null = looked up for known GPUs (no MFU on CPU)"""
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Evaluation batches: every prediction pair of a split exactly once, whatever the policy.
+"""Evaluation batches: every prediction pair of a split (or of its first documents) exactly once,
+whatever the policy: `pretrain eval` scores a whole split, training's `val/loss` its first documents.
 
 Each chunk of each document (the same chunks training uses) is its own segment, so no token sees
 another chunk or document; the policy only chooses how the chunks share a batch: `padded` puts each
@@ -14,32 +15,63 @@ from collections.abc import Iterator
 import numpy as np
 
 from .batch import PackedBatch, gather_packed, gather_padded
+from .chunking import ChunkTable
 from .packing import best_fit_buffered
 from .policies import PolicySettings, split_chunks
 from .tokens import TokenSplit
 
 
-def evaluation_batches(settings: PolicySettings, split: TokenSplit) -> Iterator[PackedBatch]:
-    """Batches of `settings.eval_batch_size` rows (padded) or packs holding every chunk of `split`."""
-    table = split_chunks(split, settings.max_seq_len)
-    if len(table) == 0:
-        return
-    rows = settings.eval_batch_size
+def evaluation_chunks(
+    split: TokenSplit, max_seq_len: int, max_pairs: int | None = None, rank: int = 0, world_size: int = 1
+) -> ChunkTable:
+    """The chunks evaluation scores: every chunk of the split's first documents (index order) whose
+    prediction pairs add up to at most `max_pairs` (at least one document; all when None), and of
+    those this rank's share (every `world_size`-th chunk), so ranks score disjoint pairs."""
+    table = split_chunks(split, max_seq_len)
+    keep = np.arange(len(table))
+    if max_pairs is not None and len(split):
+        documents = max(1, int(np.searchsorted(np.cumsum(split.lengths - 1), max_pairs, side="right")))
+        keep = keep[table.doc < documents]
+    keep = keep[rank::world_size]
+    return ChunkTable(
+        doc=table.doc[keep], start=table.start[keep], length=table.length[keep], max_seq_len=max_seq_len
+    )
+
+
+def validation_pairs(settings: PolicySettings) -> int | None:
+    """Training's validation budget: train.val_batches x train.eval_microbatch_tokens pairs (None: all)."""
+    if settings.val_batches is None:
+        return None
+    return settings.val_batches * settings.eval_microbatch_tokens
+
+
+def _units(settings: PolicySettings, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk order, unit pointers): padded rows hold one chunk each, packs are best fit in index order."""
     if settings.policy == "padded":
-        for first in range(0, len(table), rows):
-            chunk = slice(first, first + rows)
-            lengths = table.length[chunk]
+        return np.arange(len(table), dtype=np.int64), np.arange(len(table) + 1, dtype=np.int64)
+    return best_fit_buffered(table.length, settings.max_seq_len, settings.packing_buffer)
+
+
+def evaluation_batch_count(settings: PolicySettings, table: ChunkTable) -> int:
+    return -(-(len(_units(settings, table)[1]) - 1) // settings.eval_batch_size)
+
+
+def evaluation_batches(
+    settings: PolicySettings, split: TokenSplit, table: ChunkTable | None = None
+) -> Iterator[PackedBatch]:
+    """Batches of `settings.eval_batch_size` rows (padded) or packs holding every chunk of `table`
+    (default: all chunks of `split`), each chunk its own segment."""
+    table = split_chunks(split, settings.max_seq_len) if table is None else table
+    order, ptr = _units(settings, table)
+    for first in range(0, len(ptr) - 1, settings.eval_batch_size):
+        bounds = ptr[first : first + settings.eval_batch_size + 1]
+        items = order[bounds[0] : bounds[-1]]
+        starts, lengths = table.start[items], table.length[items]
+        if settings.policy == "padded":
             width = settings.max_seq_len if settings.pad_to == "max" else int(lengths.max())
-            yield gather_padded(split.tokens, table.start[chunk], lengths, width)
-        return
-    order, ptr = best_fit_buffered(table.length, settings.max_seq_len, settings.packing_buffer)
-    for first in range(0, len(ptr) - 1, rows):
-        packs = ptr[first : first + rows + 1]
-        items = order[packs[0] : packs[-1]]
-        sizes = np.diff(packs)
-        yield gather_packed(
-            split.tokens, table.start[items], table.length[items], sizes, settings.max_seq_len
-        )
+            yield gather_padded(split.tokens, starts, lengths, width)
+        else:
+            yield gather_packed(split.tokens, starts, lengths, np.diff(bounds), settings.max_seq_len)
 
 
 def document_bytes(split: TokenSplit, token_bytes: np.ndarray) -> int:

@@ -1,4 +1,9 @@
-"""The Lightning data module: the verified cache, the policy's samplers, and exact-resume state.
+"""The Lightning data module: the verified cache, the policy's train sampler, the validation pairs,
+and exact-resume state.
+
+Validation scores the same pairs whatever the policy and the world size: every chunk of the first
+validation documents up to train.val_batches x train.eval_microbatch_tokens pairs, each chunk its own
+segment, split over ranks (data/evaluation.py); the module sums the loss over all ranks.
 
 Each training item is one whole optimizer update (`train.accumulation` microbatches), so the loss can
 be normalised by the update's token count before the first backward. Every item carries the sampler
@@ -10,6 +15,7 @@ one update too far: a resume from it would silently skip an update.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import lightning as L
@@ -17,6 +23,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ..data.batch import PackedBatch
 from ..data.cache import Cache, CacheSpec
+from ..data.chunking import ChunkTable
+from ..data.evaluation import evaluation_batches, evaluation_chunks, validation_pairs
 from ..data.policies import PolicySettings
 from ..data.prepare import prepare_cache
 from ..data.samplers import Sampler, build_sampler
@@ -76,10 +84,9 @@ class PretrainDataModule(L.LightningDataModule):
         self.cache_key = cache.key
         self.cache: Cache | None = None
         self.train_sampler: Sampler | None = None
-        self.val_sampler: Sampler | None = None
+        self.validation_chunks: ChunkTable | None = None  # this rank's share of the validation pairs
         self._trained_state: dict | None = None  # sampler state after the last trained update
         self._resume_state: dict | None = None  # from a checkpoint, applied when the sampler is built
-        self._resume_validation: dict | None = None
 
     def prepare_data(self) -> None:
         # Local rank 0 builds or verifies; the other ranks verify in setup() (the file lock makes
@@ -89,30 +96,32 @@ class PretrainDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.cache is None:
             self.cache = prepare_cache(self.spec, progress=False)
-        if self.train_sampler is None:
-            self.train_sampler = self._sampler(self.cache, "train")
-        if self.val_sampler is None:
-            self.val_sampler = self._sampler(self.cache, "validation")
-
-    def _sampler(self, cache: Cache, split: str) -> Sampler:
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
-        return build_sampler(
-            self.policy,
-            cache.split(split),
-            train=split == "train",
-            rank=rank,
-            world_size=world,
-            packs_dir=cache.packs_dir,
-        )
+        if self.train_sampler is None:
+            train = self.cache.split("train")
+            packs = self.cache.packs_dir
+            self.train_sampler = build_sampler(
+                self.policy, train, train=True, rank=rank, world_size=world, packs_dir=packs
+            )
+        if self.validation_chunks is None:
+            self.validation_chunks = evaluation_chunks(
+                self.cache.split("validation"),
+                self.policy.max_seq_len,
+                validation_pairs(self.policy),
+                rank=rank,
+                world_size=world,
+            )
 
-    def val_sampler_ready(self) -> Sampler:
-        """The validation sampler, with the checkpoint's state applied once (its order is fixed, so
-        this only re-checks that the validation settings did not change)."""
-        assert self.val_sampler is not None, "setup() builds the samplers"
-        if self._resume_validation is not None:
-            self.val_sampler.load_state_dict(copy.deepcopy(self._resume_validation))
-            self._resume_validation = None
-        return self.val_sampler
+    def validation_batches(self) -> Iterator[PackedBatch]:
+        """This rank's validation batches: the same pairs for every policy (data/evaluation.py)."""
+        assert self.cache is not None and self.validation_chunks is not None, "setup() comes first"
+        return evaluation_batches(self.policy, self.cache.split("validation"), self.validation_chunks)
+
+    @property
+    def has_validation(self) -> bool:
+        """False when the validation split (or its selection) has no pair on any rank."""
+        assert self.cache is not None
+        return self.cache.counts()["validation"]["prediction_pairs"] > 0
 
     def train_dataloader(self) -> DataLoader:
         assert self.train_sampler is not None, "setup() builds the samplers"
@@ -126,13 +135,8 @@ class PretrainDataModule(L.LightningDataModule):
         self._trained_state = sampler_state
 
     def state_dict(self) -> dict:
-        validation = self.val_sampler.state_dict() if self.val_sampler is not None else None
-        return {
-            "format": STATE_FORMAT,
-            "cache_key": self.cache_key,
-            "train_sampler": self._trained_state,
-            "validation_sampler": validation,
-        }
+        # Validation needs no state: its pairs are a pure function of the settings.
+        return {"format": STATE_FORMAT, "cache_key": self.cache_key, "train_sampler": self._trained_state}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("cache_key") not in (None, self.cache_key):
@@ -141,4 +145,3 @@ class PretrainDataModule(L.LightningDataModule):
                 f"{self.cache_key}: resume with the same source, tokenizer, split and budget settings"
             )
         self._resume_state = state.get("train_sampler")
-        self._resume_validation = state.get("validation_sampler")

@@ -13,10 +13,13 @@ from collections.abc import Mapping
 from dataclasses import asdict
 
 import lightning as L
+import numpy as np
 import torch
 
 from ..config import TrainConfig
+from ..data.batch import PackedBatch
 from ..model import GPT, GPTConfig
+from ..model.flops import peak_flops, training_flops
 from .update import run_update
 
 
@@ -31,6 +34,13 @@ def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
         return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
+
+
+def real_segment_lengths(batch: PackedBatch) -> np.ndarray:
+    """Lengths attention really works on: segments of a packed batch, real tokens of a padded row."""
+    if batch.padded:
+        return batch.pack_lengths.numpy()
+    return np.diff(batch.cu_seqlens.numpy())
 
 
 class PretrainModule(L.LightningModule):
@@ -48,6 +58,7 @@ class PretrainModule(L.LightningModule):
         attn_compile: bool | str = "auto",
         run_config: dict | None = None,
         cache_identity: dict | None = None,
+        peak_tflops: float | None = None,
     ):
         super().__init__()
         self.gpt_config = model if isinstance(model, GPTConfig) else GPTConfig(**model)
@@ -64,12 +75,16 @@ class PretrainModule(L.LightningModule):
                 # the cache identity (its tokenizer's content hash names the tokenizer files).
                 "run_config": run_config,
                 "cache_identity": cache_identity,
+                "peak_tflops": peak_tflops,
             }
         )
         self.automatic_optimization = False
         self.model = GPT(self.gpt_config, attn=attn_backend, attn_compile=attn_compile)
         self.tokens_seen = 0  # real tokens trained on, all ranks; restored from the checkpoint
+        self.peak_tflops = peak_tflops
+        self._peak_flops: float | None = None  # one device's, known at fit start
         self._last_step_end: float | None = None
+        self._batch_ready: float | None = None
         self.last_metrics: dict[str, float] = {}  # latest value of each metric, for the run summary
 
     # --- optimization -------------------------------------------------------------------------
@@ -95,10 +110,16 @@ class PretrainModule(L.LightningModule):
             self.trainer.strategy.reduce(tensor, reduce_op="sum") if self.trainer.world_size > 1 else tensor
         )
 
+    def on_fit_start(self) -> None:
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
+        self._peak_flops = peak_flops(name, self.peak_tflops)
+
     def training_step(self, update, batch_idx):
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
-        started = self._last_step_end or time.perf_counter()
+        step_started = time.perf_counter()
+        started = self._last_step_end or step_started
+        data_seconds = (self._batch_ready or step_started) - started  # waiting for this update
         lr = optimizer.param_groups[0]["lr"]
         result = run_update(
             self.model,
@@ -121,6 +142,7 @@ class PretrainModule(L.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None)  # set by fit(); not in Trainer's stubs
         if datamodule is not None:
             datamodule.mark_trained(update.sampler_state)
+        step_seconds = now - step_started
         metrics = {
             "train/loss": result.loss,
             "train/tokens": float(self.tokens_seen),
@@ -128,10 +150,19 @@ class PretrainModule(L.LightningModule):
             "train/padding_waste": 1.0 - result.real_tokens / result.computed_tokens,
             "train/pack_utilization": result.real_tokens / max(result.capacity_slots, 1),
             "train/num_targets": float(result.num_targets),
+            "train/step_seconds": step_seconds,
+            "train/data_seconds": max(data_seconds, 0.0),
             "lr": lr,
         }
+        if self._peak_flops:
+            # This rank's model FLOPs (real segment lengths) over this device's peak.
+            lengths = [real_segment_lengths(mb) for mb in update.microbatches]
+            flops = sum(training_flops(self.gpt_config, segments) for segments in lengths)
+            metrics["train/mfu"] = flops / max(now - started, 1e-9) / self._peak_flops
         if self._should_validate():
-            metrics["val/loss"] = self.validation_loss()
+            loss = self.validation_loss()
+            if loss is not None:  # no validation pairs: no val/loss at all, never nan
+                metrics["val/loss"] = loss
             self._last_step_end = time.perf_counter()  # validation time is not training throughput
         self._log_metrics(metrics)
         self.last_metrics.update(metrics)
@@ -151,8 +182,9 @@ class PretrainModule(L.LightningModule):
             self.log("val", metrics["val/loss"], prog_bar=True, logger=False, batch_size=1)
 
     def on_train_batch_start(self, batch, batch_idx):
+        self._batch_ready = time.perf_counter()  # the update is fetched and on the device
         if self._last_step_end is None:
-            self._last_step_end = time.perf_counter()
+            self._last_step_end = self._batch_ready
 
     # --- validation: token-weighted over the fixed validation batches of all ranks ------------
     # Run from training_step on the optimizer-step count, not by Lightning's batch counter, which
@@ -162,22 +194,23 @@ class PretrainModule(L.LightningModule):
         return step % every == 0 or step >= self.settings.max_steps
 
     @torch.no_grad()
-    def validation_loss(self) -> float:
+    def validation_loss(self) -> float | None:
+        """Mean loss over the validation pairs of all ranks (the same pairs for every policy)."""
         datamodule = getattr(self.trainer, "datamodule", None)  # set by fit(); not in Trainer's stubs
         assert datamodule is not None, "validation needs the PretrainDataModule"
-        sampler = datamodule.val_sampler_ready()
+        if not datamodule.has_validation:
+            return None
         was_training = self.model.training
         self.model.eval()
         sums = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for batch in sampler:
+        for batch in datamodule.validation_batches():
             batch = batch.to(self.device)
             loss_sum = self.model.loss(batch, denominator=1).double()
-            sums += torch.stack(
-                [loss_sum, torch.tensor(float(batch.num_targets), dtype=torch.float64, device=self.device)]
-            )
+            targets = torch.tensor(float(batch.num_targets), dtype=torch.float64, device=self.device)
+            sums += torch.stack([loss_sum, targets])
         self.model.train(was_training)
         sums = self._all_reduce_sum(sums)
-        return float(sums[0] / sums[1]) if sums[1] > 0 else math.nan
+        return float(sums[0] / sums[1]) if sums[1] > 0 else None
 
     # --- counters that a resume must continue -----------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, RichProgressBar
+from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
@@ -28,6 +28,7 @@ from .checks import attention_backend, check_checkpoint
 from .datamodule import PretrainDataModule
 from .loggers import build_loggers, finish_loggers
 from .module import PretrainModule
+from .progress import StepProgressBar, progress_callbacks
 from .recorder import BatchRecorder
 
 _NOISE = ("litlogger", "`weights_only` was not set", "LeafSpec")
@@ -104,13 +105,6 @@ class RunSettings:
         return cls(config, policy, model, cache, backend, _output_dir(config.output_dir))
 
 
-class StepProgressBar(RichProgressBar):
-    """Training runs by optimizer steps, not epochs: say so instead of "Epoch 0/-2"."""
-
-    def _get_train_description(self, current_epoch: int) -> str:
-        return f"train (max {self.trainer.max_steps} steps)"
-
-
 def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
     t, trainer = config.train, config.trainer
     every = t.checkpoint_every_n_steps or 0
@@ -122,7 +116,7 @@ def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
         save_top_k=-1,
         save_last=True,
     )
-    progress = [StepProgressBar()] if config.progress_bar else []
+    progress = progress_callbacks(config.progress_bar, t.log_every_n_steps)
     return L.Trainer(
         accelerator=trainer.accelerator,
         devices=trainer.devices,
@@ -141,7 +135,7 @@ def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
         deterministic=t.deterministic,
         use_distributed_sampler=False,  # our samplers split packs over ranks themselves
         enable_model_summary=False,
-        enable_progress_bar=config.progress_bar,
+        enable_progress_bar=any(isinstance(c, StepProgressBar) for c in progress),
     )
 
 
@@ -162,6 +156,7 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
         attn_compile=config.attn.compile,
         run_config=OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True),  # type: ignore[arg-type]
         cache_identity=run.cache.identity,
+        peak_tflops=config.trainer.peak_tflops,
     )
     if config.model.init_from and not config.ckpt_path:  # a resume loads its own weights
         from ..hf import init_from
