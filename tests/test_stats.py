@@ -74,6 +74,8 @@ def check_common(stats):
     assert stats["train_validation_overlap"] == 1  # "b" is in both
     assert stats["verbatim_leaks"] == 0  # no document reaches 64 tokens
     assert stats["validation"]["documents"] == 2
+    # Validation [5, 6, 7] and [8, 9] (+ EOS): 3 + 2 pairs, one chunk each, all in one batch.
+    assert stats["validation"]["scored_pairs"] == 5 and stats["validation"]["batches"] == 1
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
@@ -262,5 +264,11 @@ def test_leak_blocks_do_not_change_the_answer(monkeypatch):
 def test_empty_validation_split():
     train = split_of(BODIES)
     stats = inspect_split(make_cfg("bestfit"), train, TokenSplit.from_lengths([], name="validation"))
-    assert stats["validation"] == {"documents": 0, "raw_tokens": 0, "prediction_pairs": 0, "batches": 0}
+    assert stats["validation"] == {
+        "documents": 0,
+        "raw_tokens": 0,
+        "prediction_pairs": 0,
+        "batches": 0,
+        "scored_pairs": 0,
+    }
     assert stats["verbatim_leaks"] == 0 and stats["train_validation_overlap"] == 0

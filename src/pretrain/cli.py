@@ -90,7 +90,8 @@ def cmd_inspect(overrides: list[str]) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from .report.compare import compare
 
-    compare([Path(d) for d in args.dirs], output=Path(args.output) if args.output else None)
+    output = Path(args.output) if args.output else None
+    compare([Path(d) for d in args.dirs], output=output, wandb=args.wandb)
     return 0
 
 
@@ -134,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="loss and padding waste of runs or sweeps side by side")
     compare.add_argument("dirs", nargs="+", help="run directories or multirun directories")
     compare.add_argument("--output", help="PNG path (default: compare.png in the first directory)")
+    compare.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log the table and plot into one W&B run of the runs' group (offline without a key)",
+    )
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and bits per byte of a checkpoint")
     evaluate.add_argument("checkpoint", help="a .ckpt written by python train.py")
     evaluate.add_argument(

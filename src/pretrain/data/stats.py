@@ -14,6 +14,7 @@ from rich.table import Table
 
 from ..arrays import run_positions
 from .policies import PolicySettings
+from .evaluation import evaluation_batch_count, evaluation_chunks, validation_pairs
 from .samplers import build_sampler
 from .tokens import TokenSplit
 
@@ -90,8 +91,18 @@ def _length_summary(lengths: np.ndarray) -> dict:
     }
 
 
+def _audits(train: TokenSplit, validation: TokenSplit) -> dict:
+    """The costly checks: ids in both splits (every id) and verbatim leaks (every token)."""
+    overlap = len(set(train.ids) & set(validation.ids)) if train.ids and validation.ids else 0
+    return {"train_validation_overlap": overlap, "verbatim_leaks": verbatim_leaks(train, validation)}
+
+
 def inspect_split(
-    settings: PolicySettings, train: TokenSplit, validation: TokenSplit, packs_dir: Path | None = None
+    settings: PolicySettings,
+    train: TokenSplit,
+    validation: TokenSplit,
+    packs_dir: Path | None = None,
+    audits: bool = True,
 ) -> dict:
     """Statistics of the train split under the policy of `settings` (the inspect-data keys of the
     README), for one rank and epoch 0 (bestfit packs differ slightly per epoch). The policy's
@@ -105,7 +116,10 @@ def inspect_split(
     * `tokens_per_step`: real tokens per microbatch (mean over the epoch) x train.accumulation;
       `steps_per_epoch`: microbatches per epoch // train.accumulation;
     * `verbatim_leaks`: validation documents sharing a 64-token window with a train document.
-    Also `settings` (the policy's knobs) and `validation` (its size and validation batches)."""
+    Also `settings` (the policy's knobs) and `validation` (its size, and the batches and pairs that
+    training's val/loss scores: the same for every policy).
+    `audits=False` leaves out the two costly checks, `train_validation_overlap` (every id) and
+    `verbatim_leaks` (every token), keys and all: what a training run logs at its start."""
     sampler = build_sampler(settings, train, train=True, packs_dir=packs_dir)
     plan = sampler.plan(0)
     real = plan.real_tokens
@@ -114,8 +128,7 @@ def inspect_split(
     slots = sampler.slots(plan)
     global_batches = plan.global_batches
     accumulation = settings.accumulation
-    val_sampler = build_sampler(settings, validation, train=False, packs_dir=packs_dir)
-    overlap = len(set(train.ids) & set(validation.ids)) if train.ids and validation.ids else 0
+    scored = evaluation_chunks(validation, settings.max_seq_len, validation_pairs(settings))
     own = {key.split(".")[-1]: value for key, value in sampler.policy_settings().items()}
     return {
         "policy": settings.policy,
@@ -132,14 +145,14 @@ def inspect_split(
         "cross_document_visible_fraction": sampler.cross_document_visible_fraction(plan),
         "tokens_per_step": real / global_batches * accumulation if global_batches else 0.0,
         "steps_per_epoch": global_batches // accumulation,
-        "train_validation_overlap": overlap,
-        "verbatim_leaks": verbatim_leaks(train, validation),
+        **(_audits(train, validation) if audits else {}),
         "settings": {"batch_size": settings.batch_size, "accumulation": accumulation, **own},
         "validation": {
             "documents": len(validation),
             "raw_tokens": validation.num_tokens,
             "prediction_pairs": validation.num_pairs,
-            "batches": len(val_sampler),
+            "batches": evaluation_batch_count(settings, scored),  # what val/loss scores (one rank)
+            "scored_pairs": scored.total_pairs,
         },
     }
 

@@ -2,14 +2,17 @@
 
 A run directory is any directory with a `metrics.csv` (our CSV logger's output); a multirun
 directory is searched for them. Writes a PNG (loss against real tokens seen, padding waste, tokens/s,
-pack utilization per run) and a markdown table next to it.
+pack utilization per run) and a markdown table next to it. With `--wandb` the same table (a
+`wandb.Table`, numbers as numbers) and plot go into one W&B run (job type `compare`) of the compared
+runs' group.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +29,7 @@ class Run:
     max_seq_len: int | None
     batch_size: int | None
     series: dict[str, list[tuple[float, float]]]  # metric -> [(tokens, value)]
+    config: dict = field(default_factory=dict)  # the run's config.yaml
 
     def values(self, metric: str) -> np.ndarray:
         return np.array([v for _, v in self.series.get(metric, [])], dtype=float)
@@ -89,6 +93,7 @@ def load_run(run_dir: Path) -> Run:
         max_seq_len=data.get("max_seq_len"),
         batch_size=config.get("train", {}).get("batch_size"),
         series=series,
+        config=config,
     )
 
 
@@ -102,17 +107,37 @@ def _drop_shared_label_parts(runs: list[Run]) -> None:
         run.label = " ".join(w for w in words if w not in shared) or run.label
 
 
+COLUMNS: tuple[str, ...] = ("run", "policy", "max_seq_len", "batch", "real tokens", "train loss")
+COLUMNS += ("val loss", "tokens/s", "padding waste", "pack util")
+_FORMATS = ("{}", "{}", "{}", "{}", "{:,.0f}", "{:.4f}", "{:.4f}", "{:,.0f}", "{:.1%}", "{:.1%}")
+
+
+def run_numbers(run: Run) -> dict[str, float]:
+    """A run's numbers in the table: last real tokens and losses, median tokens/s, mean padding waste
+    and pack utilization (nan where the run has no value)."""
+    speeds = run.values("train/tokens_per_sec")
+    return {
+        "real_tokens": run.last("train/tokens"),
+        "train_loss": run.last("train/loss"),
+        "val_loss": run.last("val/loss"),
+        "tokens_per_sec": float(np.median(speeds)) if len(speeds) else math.nan,
+        "padding_waste": run.mean("train/padding_waste"),
+        "pack_utilization": run.mean("train/pack_utilization"),
+    }
+
+
+def table_rows(runs: list[Run]) -> list[list]:
+    """One row per run, in COLUMNS order, numbers as numbers."""
+    return [
+        [run.label, run.policy, run.max_seq_len, run.batch_size, *run_numbers(run).values()] for run in runs
+    ]
+
+
 def markdown_table(runs: list[Run]) -> str:
-    columns = ["run", "policy", "max_seq_len", "batch", "real tokens", "train loss", "val loss", "tokens/s"]
-    columns += ["padding waste", "pack util"]
-    lines = ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
-    for run in runs:
-        speeds = run.values("train/tokens_per_sec")
-        cells = [run.label, run.policy, run.max_seq_len, run.batch_size, f"{run.last('train/tokens'):,.0f}"]
-        cells += [f"{run.last('train/loss'):.4f}", f"{run.last('val/loss'):.4f}"]
-        cells += [f"{np.median(speeds) if len(speeds) else math.nan:,.0f}"]
-        cells += [f"{run.mean('train/padding_waste'):.1%}", f"{run.mean('train/pack_utilization'):.1%}"]
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
+    for row in table_rows(runs):
+        cells = [fmt.format(value) for fmt, value in zip(_FORMATS, row, strict=True)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -169,8 +194,11 @@ def plot(runs: list[Run], output: Path) -> None:
     plt.close(fig)
 
 
-def compare(directories: list[Path], output: Path | None = None, quiet: bool = False) -> Path:
-    """Write the comparison PNG (and a .md table beside it); returns the PNG path."""
+def compare(
+    directories: list[Path], output: Path | None = None, quiet: bool = False, wandb: bool = False
+) -> Path:
+    """Write the comparison PNG (and a .md table beside it); returns the PNG path. `wandb=True` also
+    logs the table and the plot into one W&B run of the compared runs' group (`log_to_wandb`)."""
     runs = [load_run(path) for path in find_runs([Path(d) for d in directories])]
     _drop_shared_label_parts(runs)
     output = Path(output) if output else Path(directories[0]) / "compare.png"
@@ -180,4 +208,95 @@ def compare(directories: list[Path], output: Path | None = None, quiet: bool = F
     if not quiet:
         print(table)
         print(f"plot: {output.resolve()}")
+    if wandb:
+        where = log_to_wandb(runs, output)
+        if not quiet:
+            print(f"W&B: {where}")
     return output.resolve()
+
+
+# --- W&B ----------------------------------------------------------------------------------------
+
+
+def _sweep_group(hydra: dict) -> str | None:
+    """`run_group`'s `"/".join(Path(sweep.dir).parts[-3:])`, from a job's saved `.hydra/hydra.yaml`.
+    Hydra saves it unresolved: a `${now:...}` sweep dir is read off the job's resolved output directory
+    (the sweep dir followed by the subdir, `${hydra.job.num}`: as many parts as the configured dir)."""
+    sweep = hydra.get("sweep") or {}
+    configured = Path(str(sweep.get("dir") or ""))
+    if not configured.parts:
+        return None
+    if "${" in str(configured):
+        output_dir = (hydra.get("runtime") or {}).get("output_dir")
+        if not output_dir:
+            return None
+        subdir_depth = len(Path(str(sweep.get("subdir") or "0")).parts)
+        resolved = Path(output_dir).parents[subdir_depth - 1]
+        configured = Path(*resolved.parts[-len(configured.parts) :])
+    return "/".join(configured.parts[-3:])
+
+
+def run_group_of(run: Run) -> str:
+    """The W&B group the run logged to, as `training.loggers.run_group` chose it: the explicit
+    `logger.group`, else its multirun's sweep directory (last three parts), else `experiment_name`."""
+    group = (run.config.get("logger") or {}).get("group")
+    if group:
+        return str(group)
+    hydra_file = run.path / ".hydra" / "hydra.yaml"
+    if hydra_file.is_file():
+        hydra = (yaml.safe_load(hydra_file.read_text()) or {}).get("hydra") or {}
+        group = _sweep_group(hydra) if hydra.get("mode") == "MULTIRUN" else None
+        if group:
+            return group
+    return str(run.config.get("experiment_name") or "compare")
+
+
+def log_to_wandb(
+    runs: list[Run],
+    plot_path: Path,
+    group: str | None = None,
+    project: str | None = None,
+    entity: str | None = None,
+    mode: str | None = None,
+) -> str:
+    """Log the comparison table (`compare/table`, a `wandb.Table` with COLUMNS) and plot
+    (`compare/plot`) into a new W&B run `compare-<group>` (job type `compare`) of the runs' group.
+    Project and entity default to the runs' own; offline without an API key. Returns the run's URL
+    (online) or its local directory (offline: `wandb sync DIR` uploads it later)."""
+    import wandb
+
+    from ..training.loggers import PLOT_KEY, wandb_mode
+
+    groups = Counter(run_group_of(run) for run in runs)
+    group = group or groups.most_common(1)[0][0]
+    loggers = [run.config.get("logger") or {} for run in runs]
+    project = project or next((lg["project"] for lg in loggers if lg.get("project")), "pretrain")
+    entity = entity or next((lg["entity"] for lg in loggers if lg.get("entity")), None)
+    rows = [
+        [None if isinstance(value, float) and math.isnan(value) else value for value in row]
+        for row in table_rows(runs)
+    ]
+    mode = wandb_mode(mode)
+    experiment = wandb.init(
+        project=project,
+        entity=entity,
+        group=group,
+        name=f"compare-{group}",
+        job_type="compare",
+        dir=str(Path(plot_path).resolve().parent),
+        mode=mode,  # type: ignore[arg-type]
+        config={"runs": [str(run.path) for run in runs], "groups": dict(groups)},
+        reinit="create_new",
+    )
+    try:
+        experiment.log(
+            {
+                "compare/table": wandb.Table(columns=list(COLUMNS), data=rows),
+                PLOT_KEY: wandb.Image(str(plot_path)),
+            }
+        )
+        # Online: the run's page; offline: the directory `wandb sync` uploads.
+        where = experiment.url if mode == "online" else str(Path(experiment.dir).parent)
+    finally:
+        experiment.finish()
+    return str(where)

@@ -1,14 +1,42 @@
-"""Loggers: CSV always (what `pretrain compare` reads), W&B with logger=wandb."""
+"""Loggers: CSV always (what `pretrain compare` reads), W&B with logger=wandb.
+
+A W&B run is set up so that its default workspace is the dashboard:
+
+* its name says what it trains, `<policy>-L<max_seq_len>-bs<batch_size>` (`mtok<N>` for
+  `train.microbatch_tokens=N`, `-acc<k>` for `train.accumulation=k` > 1), and runs of one multirun
+  share a group (`run_group`), so grouping by `data.policy` compares the policies directly;
+* every metric is plotted against `train/tokens`, the real tokens seen (`define_metric`; W&B's own
+  time axis gives wall clock); `trainer/global_step` stays Lightning's step counter;
+* at the start of training `DataStatistics` puts the run's `pretrain inspect-data` statistics (its
+  policy and split, without the costly audits) in the run's config as flat keys: `data/<statistic>`
+  and, for the nested parts, `data/<part>/<statistic>` (`data/cross_document_visible_fraction`,
+  `data/chunk_lengths/median`, `data/validation/documents`);
+* at the end `finish_loggers` writes a summary row (`summary/...`) and the comparison plot
+  (`compare/plot`, a `wandb.Image`).
+
+Offline without an API key (`wandb sync <run dir>/wandb/offline-run-*` uploads it later).
+"""
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 
 from ..config import Config, LoggerConfig
+
+TOKEN_AXIS = "train/tokens"
+"""The x axis of every W&B chart: real tokens seen (cumulative, all ranks)."""
+TOKEN_AXIS_METRICS = ("train/*", "val/*", "lr")
+"""Defined against TOKEN_AXIS by name (globs for the train/ and val/ families; `*` catches the rest)."""
+PLOT_KEY = "compare/plot"
+SUMMARY_PREFIX = "summary/"
 
 
 def wandb_mode(requested: str | None) -> str:
@@ -40,6 +68,47 @@ def run_group(logger: LoggerConfig, experiment_name: str) -> str:
     return experiment_name
 
 
+def run_name(config: Config) -> str:
+    """`bestfit-L512-bs4`, `padded-L1024-mtok8192-acc4`: what a run trains, readable in a sweep."""
+    train = config.train
+    size = f"mtok{train.microbatch_tokens}" if train.microbatch_tokens else f"bs{train.batch_size}"
+    accumulation = f"-acc{train.accumulation}" if train.accumulation > 1 else ""
+    return f"{config.data.policy}-L{config.data.max_seq_len}-{size}{accumulation}"
+
+
+def define_token_axis(experiment: Any) -> None:
+    """Plot every metric against `train/tokens`.
+
+    W&B resolves a logged key by its exact definition first, else by *any* matching glob (it does not
+    prefer the longest), so Lightning's `*` -> `trainer/global_step` is overwritten rather than left
+    beside `train/*`: every glob here names the same axis. `train/tokens` and `trainer/global_step`
+    are defined by name, so no glob applies to them."""
+    define = getattr(experiment, "define_metric", None)
+    if define is None:
+        return
+    define(TOKEN_AXIS)
+    define("trainer/global_step")
+    for name in TOKEN_AXIS_METRICS:
+        define(name, step_metric=TOKEN_AXIS, step_sync=True)
+    define("*", step_metric=TOKEN_AXIS, step_sync=True, overwrite=True)
+
+
+class TokenAxisWandbLogger(WandbLogger):
+    """Lightning's WandbLogger with the token axis defined right after the run starts (before any
+    metric is logged): Lightning's own defaults (`*` against `trainer/global_step`) come first."""
+
+    _token_axis_defined = False
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        experiment = super().experiment
+        if not self._token_axis_defined:
+            define_token_axis(experiment)
+            self._token_axis_defined = True
+        return experiment
+
+
 def build_loggers(config: Config, output_dir: Path) -> list[Logger]:
     loggers: list[Logger] = [CSVLogger(save_dir=str(output_dir), name="", version="")]
     logger = config.logger
@@ -51,7 +120,8 @@ def build_loggers(config: Config, output_dir: Path) -> list[Logger]:
             f"model:{config.model.name}",
         ]
         loggers.append(
-            WandbLogger(
+            TokenAxisWandbLogger(
+                name=run_name(config),
                 project=logger.project,
                 entity=logger.entity,
                 group=run_group(logger, config.experiment_name),
@@ -64,8 +134,87 @@ def build_loggers(config: Config, output_dir: Path) -> list[Logger]:
     return loggers
 
 
-def finish_loggers(trainer) -> None:
-    """Close W&B runs: the next job of a multirun in this process must start its own run."""
+def flat_statistics(stats: dict, prefix: str = "data") -> dict[str, Any]:
+    """`{"padding_waste": x, "chunk_lengths": {"median": m}}` -> `{"data/padding_waste": x,
+    "data/chunk_lengths/median": m}`: flat W&B config keys, slash-separated like the metric names
+    (dotted names are how W&B shows nested config, such as `data.policy`)."""
+    flat: dict[str, Any] = {}
+    for key, value in stats.items():
+        if isinstance(value, dict):
+            flat.update(flat_statistics(value, f"{prefix}/{key}"))
+        else:
+            flat[f"{prefix}/{key}"] = value
+    return flat
+
+
+def data_statistics(policy, cache) -> dict[str, Any]:
+    """The `pretrain inspect-data` statistics of this policy on the cache's splits (without the costly
+    overlap and leak audits), flattened."""
+    from ..data.stats import inspect_split
+
+    stats = inspect_split(
+        policy, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir, audits=False
+    )
+    return flat_statistics(stats)
+
+
+class DataStatistics(Callback):
+    """Puts the run's inspect-data statistics in the W&B run's config when training starts (rank zero,
+    W&B runs only; a no-op otherwise). Needs the data module's `policy` and its set-up `cache`."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        loggers = [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
+        if not loggers or not trainer.is_global_zero:
+            return
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is None or getattr(datamodule, "cache", None) is None:
+            return
+        flat = data_statistics(datamodule.policy, datamodule.cache)
+        for logger in loggers:
+            logger.log_hyperparams(flat)
+
+
+def summary_row(summary: dict) -> dict[str, float | int | str]:
+    """The run's row of `pretrain compare`'s table (median tokens/s, mean padding waste and pack
+    utilization, read back from metrics.csv), plus steps and seconds, keyed `summary/...`."""
+    metrics = summary.get("metrics", {})
+    row: dict[str, Any] = {
+        "policy": summary.get("policy"),
+        "max_seq_len": summary.get("max_seq_len"),
+        "batch_size": summary.get("batch_size"),
+        "steps": summary.get("steps"),
+        "seconds": summary.get("seconds"),
+        "real_tokens": summary.get("tokens"),
+        "train_loss": metrics.get("train/loss"),
+        "val_loss": metrics.get("val/loss"),
+        "tokens_per_sec": metrics.get("train/tokens_per_sec"),
+        "padding_waste": metrics.get("train/padding_waste"),
+        "pack_utilization": metrics.get("train/pack_utilization"),
+    }
+    output_dir = summary.get("output_dir")
+    if output_dir and (Path(output_dir) / "metrics.csv").is_file():
+        from ..report.compare import load_run, run_numbers
+
+        # The run's aggregates as the comparison table has them; the final values stay exact.
+        numbers = run_numbers(load_run(Path(output_dir)))
+        row.update({key: numbers[key] for key in ("tokens_per_sec", "padding_waste", "pack_utilization")})
+    return {
+        SUMMARY_PREFIX + key: value
+        for key, value in row.items()
+        if value is not None and not (isinstance(value, float) and math.isnan(value))
+    }
+
+
+def finish_loggers(trainer, summary: dict | None = None, plot: Path | str | None = None) -> None:
+    """Close W&B runs (the next job of a multirun in this process must start its own run), after
+    writing the summary row of `summary` (train(cfg)'s run summary) and logging the comparison `plot`."""
     for logger in trainer.loggers:
         if isinstance(logger, WandbLogger) and trainer.is_global_zero:
-            logger.experiment.finish()
+            experiment = logger.experiment
+            if summary is not None:
+                experiment.summary.update(summary_row(summary))
+            if plot is not None and Path(plot).is_file():
+                import wandb
+
+                experiment.log({PLOT_KEY: wandb.Image(str(plot))})
+            experiment.finish()

@@ -26,7 +26,7 @@ from ..data.policies import PolicySettings
 from ..model import GPTConfig
 from .checks import attention_backend, check_checkpoint
 from .datamodule import PretrainDataModule
-from .loggers import build_loggers, finish_loggers
+from .loggers import DataStatistics, build_loggers, finish_loggers
 from .module import PretrainModule
 from .progress import StepProgressBar, progress_callbacks
 from .recorder import BatchRecorder
@@ -130,7 +130,8 @@ def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
         num_sanity_val_steps=0,
         log_every_n_steps=t.log_every_n_steps,
         logger=build_loggers(config, output_dir),
-        callbacks=[checkpoints, *progress, *callbacks],
+        # DataStatistics: the inspect-data numbers in the W&B config (a no-op without W&B).
+        callbacks=[checkpoints, *progress, DataStatistics(), *callbacks],
         default_root_dir=str(output_dir),
         deterministic=t.deterministic,
         use_distributed_sampler=False,  # our samplers split packs over ranks themselves
@@ -191,22 +192,27 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
         "metrics": dict(module.last_metrics),
         "is_global_zero": trainer.is_global_zero,
     }
-    finish_loggers(trainer)
+    plot = None
     if trainer.is_global_zero:
         (output_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
         OmegaConf.save(OmegaConf.structured(config), output_dir / "config.yaml", resolve=True)
-        report(summary)
+        # A single run under Hydra, and every W&B run, get their comparison plot (config.yaml first:
+        # the plot's label reads it).
+        if _hydra_mode() == "RUN" or config.logger.kind == "wandb":
+            from ..report.compare import compare
+
+            plot = compare([output_dir], output=output_dir / "compare.png", quiet=True)
+    finish_loggers(trainer, summary, plot)  # W&B: the summary row and the plot, then the run ends
+    if trainer.is_global_zero:
+        report(summary, plot)
     return summary
 
 
-def report(summary: dict) -> None:
-    """Where everything went, on stderr; a single run under Hydra also gets its comparison plot."""
+def report(summary: dict, plot: Path | None = None) -> None:
+    """Where everything went, on stderr (and the comparison plot, when the run made one)."""
     console = Console(stderr=True)
     output = Path(summary["output_dir"])
-    if _hydra_mode() == "RUN":
-        from ..report.compare import compare
-
-        plot = compare([output], output=output / "compare.png", quiet=True)
+    if plot is not None:
         console.print(f"comparison plot: {plot}")
     metrics = summary["metrics"]
     losses = {key: metrics.get(key, float("nan")) for key in ("train/loss", "val/loss")}
