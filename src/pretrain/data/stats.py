@@ -13,8 +13,8 @@ import numpy as np
 from rich.table import Table
 
 from ..arrays import run_positions
-from .policies import PolicySettings
 from .evaluation import evaluation_batch_count, evaluation_chunks, validation_pairs
+from .policies import PolicySettings
 from .samplers import build_sampler
 from .tokens import TokenSplit
 
