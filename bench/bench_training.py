@@ -18,9 +18,9 @@ import torch
 
 from pretrain.config import load_config, to_config
 from pretrain.data.cache import CacheSpec
+from pretrain.data.evaluation import evaluation_batches, evaluation_chunks, validation_pairs
 from pretrain.data.policies import PolicySettings
 from pretrain.data.prepare import prepare_cache
-from pretrain.data.samplers import build_sampler
 from pretrain.training.module import PretrainModule
 from pretrain.training.run import train
 
@@ -62,10 +62,10 @@ def _overrides(out: Path) -> list[str]:
 
 
 @torch.no_grad()
-def _validation_loss(model: torch.nn.Module, sampler) -> float:
+def _validation_loss(model: torch.nn.Module, batches) -> float:
     model.eval()
     total, count = 0.0, 0
-    for batch in sampler:
+    for batch in batches:
         total += float(model.loss(batch, denominator=1))
         count += batch.num_targets
     return total / count
@@ -89,7 +89,9 @@ def run() -> dict:
         )
         val_split = prepare_cache(CacheSpec.from_config(val), progress=False).split("validation")
         val_settings = PolicySettings.from_config(val.data, val.train, val.seed)
-        val_sampler = build_sampler(val_settings, val_split, train=False)
+        # The same pairs training's val/loss scores (policy-independent): 8 x 1024 of the first documents.
+        val_table = evaluation_chunks(val_split, MAX_SEQ_LEN, validation_pairs(val_settings))
+        val_batches = list(evaluation_batches(val_settings, val_split, val_table))
         for label, policy in POLICIES.items():
             out = Path(tmp) / label.split()[0]
             stop = StopAtTokens(TOKEN_BUDGET)
@@ -108,7 +110,7 @@ def run() -> dict:
                     "padding waste": round(statistics.mean(waste), 4),
                     "train loss (last)": round(float(metrics[-1]["train/loss"]), 4),
                     "val loss (shared batches)": round(
-                        _validation_loss(_trained_model(out / "checkpoints" / "last.ckpt"), val_sampler), 4
+                        _validation_loss(_trained_model(out / "checkpoints" / "last.ckpt"), val_batches), 4
                     ),
                 }
             )

@@ -1,14 +1,23 @@
 """`make gpu-check`: the CPU suite's attention checks for the CUDA-only paths, then a throughput table.
 
+   PYTHONPATH=src python3 scripts/gpu_check.py [--output bench/results/gpu_check.json]
+
+0. The installed torch's varlen_attn takes `window_size=(-1, 0)` (torch >= 2.11; 2.9/2.10 had is_causal).
 1. Attention level, varlen and compiled flex in bf16 (forward and backward) against the fp32 sdpa
    reference (itself checked against a naive per-segment softmax on CPU): packed == reference,
    packed == each segment alone, and changing one segment leaves the others unchanged.
 2. Model level (2-layer GPT-2 width, bf16 autocast): loss and gradients vs the fp32 sdpa model,
    document isolation, padded policy == packed policy on untruncated documents.
-3. gpt2-small at 35 packs x 4096 (bf16 autocast): forward+backward real tokens/s under sdpa, flex
-   and varlen, and the padded policy on the same kind of documents.
+3. gpt2-small at 35 x 4096 (bf16 autocast, forward + backward + AdamW): real tokens/s and MFU of bestfit
+   packs and padded rows under sdpa, flex and varlen. MFU = pretrain.model.flops.training_flops of the
+   real segment lengths (padded rows count their real tokens, not the pad width) / step time / the
+   device's bf16 peak (pretrain.model.flops.peak_flops of torch.cuda.get_device_name(), or --peak-tflops).
 
-One command, a few minutes on one H100/H200. Writes JSON to --output and exits 1 if a check fails.
+Needs torch, numpy and this checkout's src/ only (no Hydra, omegaconf, yaml, datasets, wandb): it runs on
+a bare GPU box. About 2-4 minutes on one H100/H200; throughput rows not started by --budget-s
+(default 210 s from the start) are recorded as skipped, so the whole run stays under 5 minutes.
+Writes JSON to --output (torch version, device, every check, every throughput row) and the same as
+markdown tables beside it (.md), and exits 1 if a check fails.
 Without CUDA it prints "skipped: no CUDA" and exits 0 (writing nothing).
 """
 
@@ -81,6 +90,12 @@ class Report:
             flush=True,
         )
 
+    def fail(self, name: str, backend: str, message: str) -> None:
+        self.checks.append(
+            {"check": name, "backend": backend, "value": None, "passed": False, "error": message}
+        )
+        print(f"  FAIL {backend:7s} {name}: {message}", flush=True)
+
     @contextlib.contextmanager
     def guard(self, stage: str, backend: str):
         """A crash inside `stage` becomes one failed check with its error; the run goes on."""
@@ -88,16 +103,9 @@ class Report:
             yield
         except Exception as error:  # any failure of a kernel or a compile is a result here
             message = f"{type(error).__name__}: {error}".splitlines()[0][:400]
-            self.checks.append(
-                {
-                    "check": f"{stage}: runs",
-                    "backend": backend,
-                    "value": None,
-                    "passed": False,
-                    "error": message,
-                }
-            )
-            print(f"  FAIL {backend:7s} {stage}: {message}", flush=True)
+            if isinstance(error, TypeError) and "window_size" in message:
+                message += " (varlen_attn without window_size: the project needs torch >= 2.11)"
+            self.fail(f"{stage}: runs", backend, message)
             torch.cuda.empty_cache()
 
     @property
@@ -259,6 +267,9 @@ def model_checks(
 
 # ------------------------------------------------------------------------------------ throughput
 
+POLICIES = ("padded", "bestfit")
+BACKENDS = ("sdpa", "varlen", "flex")  # in this order: flex compiles, and rows past the budget are skipped
+
 
 def throughput(
     device: torch.device,
@@ -267,101 +278,269 @@ def throughput(
     capacity: int = 4096,
     rows: int = 35,
     size: str = "gpt2-small",
+    backends: tuple[str, ...] = BACKENDS,
+    peak: float | None = None,
+    deadline: float = float("inf"),
 ) -> list[dict]:
+    """Training steps (forward, backward, AdamW) of `size` at `rows` x `capacity`, bf16 autocast, for
+    bestfit packs and padded rows under each backend: real tokens/s and MFU (model FLOPs of the real
+    segment lengths, never the pad width, over `peak` FLOP/s). Rows left when `deadline`
+    (time.perf_counter()) has passed are recorded as skipped."""
     from pretrain.data import gather_padded
     from pretrain.data.synthetic import packed_batches, synthetic_chunks
     from pretrain.data.tokens import GPT2_VOCAB_SIZE
     from pretrain.model import GPT, GPTConfig
+    from pretrain.model.flops import training_flops
 
-    print(f"throughput: {size}, {rows} x {capacity}, bf16 autocast, forward+backward", flush=True)
+    cuda = device.type == "cuda"
+    print(f"throughput: {size}, {rows} x {capacity}, bf16 autocast, training step", flush=True)
     split, table = synthetic_chunks(int(rows * capacity / 500), capacity, seed=2)
     # Best-fit-decreasing leaves only its last packs part-empty: batch 0 is a bestfit-like 35 x 4096.
-    packed = packed_batches(split, table, capacity, rows)[0].to(device)
-    padded = gather_padded(split.tokens, table.start[:rows], table.length[:rows], capacity).to(device)
+    packed = packed_batches(split, table, capacity, rows)[0]
+    padded = gather_padded(split.tokens, table.start[:rows], table.length[:rows], capacity)
+    batches = {
+        # Segment lengths for the FLOPs: each chunk of a pack; each padded row's real tokens only.
+        "bestfit": (packed.to(device), np.diff(packed.cu_seqlens.numpy())),
+        "padded": (padded.to(device), padded.pack_lengths.numpy()),
+    }
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=GPT2_VOCAB_SIZE, max_seq_len=capacity, **model_size(size))
     model = GPT(config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
     results = []
-    for policy, batch, backend in [
-        ("packed", packed, "sdpa"),
-        ("packed", packed, "flex"),
-        ("packed", packed, "varlen"),
-        ("padded", padded, "sdpa"),
-        ("padded", padded, "varlen"),
-    ]:
-        model.attn_backend = backend
-        row = {
-            "policy": policy,
-            "attn": backend,
-            "computed_rows": batch.num_tokens,
-            "real_tokens": batch.real_tokens,
-        }
-        try:
-            torch.cuda.reset_peak_memory_stats()
-            for i in range(warmup + steps):
-                if i == warmup:
+    flops_of = {policy: training_flops(config, segments) for policy, (_, segments) in batches.items()}
+    for backend in backends:
+        for policy in POLICIES:
+            batch, flops = batches[policy][0], flops_of[policy]
+            model.attn_backend = backend
+            row: dict = {
+                "policy": policy,
+                "attn": backend,
+                "computed_rows": batch.num_tokens,
+                "real_tokens": batch.real_tokens,
+                "model_tflop_per_step": flops / 1e12,
+            }
+            if time.perf_counter() > deadline:
+                row["error"] = "skipped: past the time budget (--budget-s)"
+                print(f"  {policy} {backend}: {row['error']}", flush=True)
+                results.append(row)
+                continue
+            try:
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                started = time.perf_counter()
+                for i in range(warmup + steps):
+                    if i == warmup:
+                        if cuda:
+                            torch.cuda.synchronize()
+                        started = time.perf_counter()
+                    with torch.autocast(device.type, dtype=torch.bfloat16):
+                        loss = model.loss(batch, batch.num_targets)
+                    loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                if cuda:
                     torch.cuda.synchronize()
-                    started = time.perf_counter()
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    model.loss(batch, batch.num_targets).backward()
-                model.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
-            seconds = (time.perf_counter() - started) / steps
-            row.update(
-                ms_per_step=1e3 * seconds,
-                real_tokens_per_s=batch.real_tokens / seconds,
-                peak_gib=torch.cuda.max_memory_allocated() / 2**30,
+                seconds = (time.perf_counter() - started) / steps
+                row.update(
+                    ms_per_step=1e3 * seconds,
+                    real_tokens_per_s=batch.real_tokens / seconds,
+                    model_tflops=flops / seconds / 1e12,
+                    mfu=flops / seconds / peak if peak else None,
+                    peak_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+                )
+            except Exception as error:  # out of memory or a kernel that cannot run: a row, not a crash
+                row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:400]
+                optimizer.zero_grad(set_to_none=True)
+                if cuda:
+                    torch.cuda.empty_cache()
+            print(
+                "  "
+                + ", ".join(f"{k}={v:,.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                flush=True,
             )
-        except Exception as error:  # out of memory or a kernel that cannot run: a row, not a crash
-            row["error"] = f"{type(error).__name__}: {error}".splitlines()[0][:400]
-            model.zero_grad(set_to_none=True)
-            torch.cuda.empty_cache()
-        print(
-            "  " + ", ".join(f"{k}={v:,.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-            flush=True,
-        )
-        results.append(row)
-    base = next((r for r in results if r["policy"] == "padded" and "real_tokens_per_s" in r), None)
+            results.append(row)
+    base = next((r for r in results if (r["policy"], r["attn"]) == ("padded", "sdpa")), {})
     for row in results:
-        if base and "real_tokens_per_s" in row:
+        if "real_tokens_per_s" in row and "real_tokens_per_s" in base:
             row["speedup_vs_padded_sdpa"] = row["real_tokens_per_s"] / base["real_tokens_per_s"]
     return results
+
+
+# -------------------------------------------------------------------------------------- preflight
+
+
+def varlen_api_check(report: Report) -> bool:
+    """The project calls varlen_attn(q, k, v, cu, cu, max_q, max_k, window_size=(-1, 0)): the keyword
+    arrived in torch 2.11 (2.9/2.10 had is_causal). Record one check; False if the call cannot bind."""
+    import inspect
+
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as error:
+        report.fail("varlen API: torch.nn.attention.varlen.varlen_attn", "varlen", f"ImportError: {error}")
+        return False
+    signature = inspect.signature(varlen_attn)
+    try:
+        signature.bind("q", "k", "v", "cu", "cu", 1, 1, window_size=(-1, 0))
+    except TypeError as error:
+        report.fail(
+            "varlen API: window_size keyword",
+            "varlen",
+            f"TypeError: {error}; this torch ({torch.__version__}) has varlen_attn{signature}, the project "
+            "needs torch >= 2.11 (causal = window_size=(-1, 0))",
+        )
+        return False
+    report.check("varlen API: window_size keyword binds", "varlen", 0.0, 0.0)
+    return True
+
+
+# ------------------------------------------------------------------------------------- markdown
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _fmt(value, spec: str = ".3g") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return format(value, spec)
+    return str(value)
+
+
+def markdown(result: dict) -> str:
+    """The JSON result as two markdown tables: equivalence checks, then throughput and MFU."""
+    meta = result["meta"]
+    peak = meta.get("peak_tflops")
+    lines = [
+        f"# GPU check: {meta.get('device', '?')}",
+        "",
+        f"torch {meta.get('torch')} (CUDA {meta.get('cuda')}), python {meta.get('python')}, "
+        f"{meta.get('seconds')} s; peak {_fmt(peak, '.0f')} bf16 TFLOP/s for MFU; "
+        f"**{'all checks passed' if result['passed'] else 'FAILED'}**",
+        "",
+        "## varlen / flex / sdpa equivalence (forward and backward)",
+        "",
+        "| check | backend | value | tolerance | result |",
+        "|---|---|---:|---|---|",
+    ]
+    for c in result["checks"]:
+        value = _fmt(c.get("value"), ".3e") if c.get("value") is not None else _cell(c.get("error", "-"))
+        verdict = "ok" if c["passed"] else "**FAIL**"
+        lines.append(
+            f"| {_cell(c['check'])} | {c['backend']} | {value} | {c.get('tolerance', '-')} | {verdict} |"
+        )
+    rows = result.get("throughput") or []
+    if rows:
+        lines += [
+            "",
+            f"## Training throughput: {meta.get('size', 'gpt2-small')}, {meta.get('rows', '?')} x "
+            f"{meta.get('capacity', '?')}, bf16 autocast, forward + backward + AdamW",
+            "",
+            "MFU = model FLOPs of the real segment lengths (6N per token + attention; padded rows count "
+            "their real tokens, not the pad width) / step time / peak.",
+            "",
+            "| policy | attn | real tokens | computed rows | ms/step | real tokens/s | model TFLOP/s | MFU "
+            "| peak GiB | vs padded sdpa |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            if "error" in r:
+                lines.append(
+                    f"| {r['policy']} | {r['attn']} | {r['real_tokens']:,} | {r['computed_rows']:,} "
+                    f"| {_cell(r['error'])} | | | | | |"
+                )
+                continue
+            mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
+            speedup = r.get("speedup_vs_padded_sdpa")
+            lines.append(
+                f"| {r['policy']} | {r['attn']} | {r['real_tokens']:,} | {r['computed_rows']:,} "
+                f"| {r['ms_per_step']:.1f} | {r['real_tokens_per_s']:,.0f} | {r['model_tflops']:.1f} | {mfu} "
+                f"| {_fmt(r.get('peak_gib'), '.1f')} | {_fmt(speedup, '.2f')}{'x' if speedup else ''} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ main
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "gpu_check.json")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per throughput row")
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (flex compiles here)")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak for MFU (default: table)")
+    parser.add_argument(
+        "--budget-s", type=float, default=210.0, help="throughput rows still to start past this are skipped"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("skipped: no CUDA")
         return 0
     sys.path.insert(0, str(ROOT / "src"))  # also runs from a checkout without `pip install -e .`
+    from pretrain.model.flops import peak_flops
+
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must really be fp32
     torch.backends.cudnn.allow_tf32 = False
     device = torch.device("cuda")
+    name = torch.cuda.get_device_name()
+    peak = peak_flops(name, args.peak_tflops)
+    print(f"{name}, torch {torch.__version__} (CUDA {torch.version.cuda})", flush=True)
+    if peak is None:
+        print(f"  no peak TFLOP/s known for {name!r}: MFU is left out (pass --peak-tflops)", flush=True)
     started = time.perf_counter()
     report = Report()
+    varlen_api_check(report)
     attention_checks(report, device)
     model_checks(report, device)
     torch.cuda.empty_cache()  # the check model is gone; hand its memory to the throughput runs
-    rows = [] if args.skip_throughput else throughput(device, args.steps, args.warmup)
+    size, capacity, rows = "gpt2-small", 4096, 35
+    throughput_rows = (
+        []
+        if args.skip_throughput
+        else throughput(
+            device,
+            args.steps,
+            args.warmup,
+            capacity=capacity,
+            rows=rows,
+            size=size,
+            peak=peak,
+            deadline=started + args.budget_s,
+        )
+    )
     result = {
         "passed": report.passed,
+        "torch": torch.__version__,
+        "device": name,
         "checks": report.checks,
-        "throughput": rows,
+        "throughput": throughput_rows,
         "meta": {
-            "device": torch.cuda.get_device_name(),
+            "device": name,
             "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "python": sys.version.split()[0],
+            "peak_tflops": peak / 1e12 if peak else None,
+            "size": size,
+            "capacity": capacity,
+            "rows": rows,
+            "steps": args.steps,
+            "warmup": args.warmup,
             "seconds": round(time.perf_counter() - started, 1),
         },
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
+    table = args.output.with_suffix(".md")
+    table.write_text(markdown(result))
     failed = [c for c in report.checks if not c["passed"]]
-    print(f"{len(report.checks) - len(failed)}/{len(report.checks)} checks passed; wrote {args.output}")
+    print(
+        f"{len(report.checks) - len(failed)}/{len(report.checks)} checks passed in "
+        f"{result['meta']['seconds']} s; wrote {args.output} and {table}"
+    )
     return 1 if failed else 0
 
 

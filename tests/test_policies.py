@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pretrain.data import policies
 from pretrain.data.batch import IGNORE_INDEX, PAD_TOKEN_ID
 from pretrain.data.chunking import chunk_table
+from pretrain.data.evaluation import evaluation_batches
 from pretrain.data.packing import (
     best_fit_buffered,
     best_fit_decreasing,
@@ -95,7 +96,7 @@ def test_seed_pack_example_batch():
     cfg = make_cfg(
         "bestfit", "data.max_seq_len=8", "train.packing_buffer=4", "train.eval_microbatch_tokens=16"
     )
-    (batch,) = list(build_sampler(cfg, split, train=False))
+    (batch,) = list(evaluation_batches(cfg, split))  # chunks best fit in index order
     assert batch.cu_seqlens.tolist() == [0, 6, 8, 12, 15]
     assert batch.pack_lengths.tolist() == [8, 7]
     assert batch.position_ids.tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 0, 1, 2, 3, 0, 1, 2]
@@ -279,7 +280,7 @@ def test_every_item_once_per_epoch(case, capacity, world_size, tmp_path):
     split = random_split(capacity + world_size)
     cfg = make_cfg(policy, f"data.max_seq_len={capacity}", "train.batch_size=3", *overrides)
     samplers = [
-        build_sampler(cfg, split, train=True, rank=r, world_size=world_size, packs_dir=tmp_path)
+        build_sampler(cfg, split, rank=r, world_size=world_size, packs_dir=tmp_path)
         for r in range(world_size)
     ]
     counts = {len(s) for s in samplers}
@@ -306,7 +307,7 @@ def test_tokens_are_conserved(case, tmp_path):
     policy, *overrides = POLICY_CASES[case]
     split = random_split(5, documents=40)
     cfg = make_cfg(policy, f"data.max_seq_len={capacity}", "train.batch_size=1", *overrides)
-    sampler = build_sampler(cfg, split, train=True, packs_dir=tmp_path)
+    sampler = build_sampler(cfg, split, packs_dir=tmp_path)
     batches = list(sampler)
     real = sum(b.real_tokens for b in batches)
     targets = sum(b.num_targets for b in batches)
@@ -323,7 +324,7 @@ def test_tokens_are_conserved(case, tmp_path):
 def test_padded_rows_are_first_chunks(tmp_path):
     split = random_split(2, documents=30, high=40)
     cfg = make_cfg("padded", "data.max_seq_len=16", "train.batch_size=4")
-    for batch in build_sampler(cfg, split, train=True):
+    for batch in build_sampler(cfg, split):
         inputs = batch.input_ids.view(-1, 16).numpy()
         for row, n in zip(inputs, batch.pack_lengths.tolist(), strict=True):
             doc = next(d for d in range(len(split)) if np.array_equal(split.document(d)[:n], row[:n]))
@@ -382,7 +383,7 @@ def test_prepacked_keys_and_stale_files(tmp_path):
 def test_prepacked_sampler_uses_packs_dir(tmp_path):
     split = random_split(10)
     cfg = make_cfg("prepacked", "data.max_seq_len=16", "data.strategy=bfd", "train.batch_size=2")
-    build_sampler(cfg, split, train=True, packs_dir=tmp_path / "packs")
+    build_sampler(cfg, split, packs_dir=tmp_path / "packs")
     assert (tmp_path / "packs" / "train-bfd-L16.npz").is_file()
 
 
@@ -412,7 +413,7 @@ def test_documents_need_not_be_contiguous(case, tmp_path):
     )
     policy, *overrides = POLICY_CASES[case]
     cfg = make_cfg(policy, "data.max_seq_len=4", "train.batch_size=1", *overrides)
-    batches = list(build_sampler(cfg, split, train=True, packs_dir=tmp_path))
+    batches = list(build_sampler(cfg, split, packs_dir=tmp_path))
     inputs = np.concatenate([b.input_ids.numpy() for b in batches])
     targets = np.concatenate([b.targets.numpy() for b in batches])
     assert junk not in inputs and junk not in targets

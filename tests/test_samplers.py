@@ -12,6 +12,12 @@ import pytest
 import torch
 from conftest import policy_cfg, settings_of
 
+from pretrain.data.evaluation import (
+    evaluation_batch_count,
+    evaluation_batches,
+    evaluation_chunks,
+    validation_pairs,
+)
 from pretrain.data.samplers import build_sampler
 from pretrain.data.tokens import TokenSplit
 
@@ -83,15 +89,14 @@ def take(sampler, count: int, out: list) -> None:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("train", [True, False], ids=["train", "validation"])
 @pytest.mark.parametrize("world", [(1, 0), (2, 1)], ids=["single", "rank1of2"])
-def test_resume_chains_match_uninterrupted(case, train, world, tmp_path):
+def test_resume_chains_match_uninterrupted(case, world, tmp_path):
     world_size, rank = world
     split = random_split(4)
     cfg = case_cfg(case)
 
     def make():
-        return build_sampler(cfg, split, train=train, rank=rank, world_size=world_size, packs_dir=tmp_path)
+        return build_sampler(cfg, split, rank=rank, world_size=world_size, packs_dir=tmp_path)
 
     reference_sampler = make()
     reference: list = []
@@ -102,7 +107,7 @@ def test_resume_chains_match_uninterrupted(case, train, world, tmp_path):
         reference.extend(signature(b) for b in reference_sampler)
         assert len(reference) - before == per_epoch[-1]
     total = len(reference)
-    rng = random.Random(f"{case}-{train}-{world}")
+    rng = random.Random(f"{case}-{world}")
     for trial in range(4):
         out: list = []
         state = None
@@ -122,7 +127,7 @@ def test_resume_chains_match_uninterrupted(case, train, world, tmp_path):
 @pytest.mark.parametrize("case", list(CASES))
 def test_state_is_small_and_moves_to_next_epoch(case, tmp_path):
     split = random_split(5)
-    sampler = build_sampler(case_cfg(case), split, train=True, packs_dir=tmp_path)
+    sampler = build_sampler(case_cfg(case), split, packs_dir=tmp_path)
     assert sampler.state_dict()["epoch"] == 0 and sampler.state_dict()["cursor"] == 0
     iterator = iter(sampler)
     next(iterator)
@@ -141,11 +146,11 @@ def test_state_is_small_and_moves_to_next_epoch(case, tmp_path):
 def test_load_state_stops_a_live_iterator(case, tmp_path):
     split = random_split(6)
     cfg = case_cfg(case)
-    sampler = build_sampler(cfg, split, train=True, packs_dir=tmp_path)
+    sampler = build_sampler(cfg, split, packs_dir=tmp_path)
     iterator = iter(sampler)
     next(iterator)
     saved = sampler.state_dict()
-    expected = [signature(b) for b in build_sampler(cfg, split, train=True, packs_dir=tmp_path)][1:]
+    expected = [signature(b) for b in build_sampler(cfg, split, packs_dir=tmp_path)][1:]
     next(iterator)
     sampler.load_state_dict(saved)
     assert list(iterator) == []  # the old iterator does not keep going from a stale position
@@ -158,7 +163,7 @@ def test_ranks_are_disjoint_with_equal_counts(case, world_size, tmp_path):
     split = random_split(7, documents=70)
     cfg = case_cfg(case)
     samplers = [
-        build_sampler(cfg, split, train=True, rank=r, world_size=world_size, packs_dir=tmp_path)
+        build_sampler(cfg, split, rank=r, world_size=world_size, packs_dir=tmp_path)
         for r in range(world_size)
     ]
     orders = []
@@ -180,15 +185,12 @@ def test_rank_zero_state_resumes_every_rank(tmp_path):
     """Lightning saves rank 0's state; every rank loads it and continues with its own batches."""
     split = random_split(8, documents=80)
     cfg = case_cfg("bestfit")
-    ranks = [build_sampler(cfg, split, train=True, rank=r, world_size=2) for r in range(2)]
-    expected = {
-        r: [signature(b) for b in build_sampler(cfg, split, train=True, rank=r, world_size=2)]
-        for r in range(2)
-    }
+    ranks = [build_sampler(cfg, split, rank=r, world_size=2) for r in range(2)]
+    expected = {r: [signature(b) for b in build_sampler(cfg, split, rank=r, world_size=2)] for r in range(2)}
     take(ranks[0], 3, [])
     state = ranks[0].state_dict()
     for r in range(2):
-        resumed = build_sampler(cfg, split, train=True, rank=r, world_size=2)
+        resumed = build_sampler(cfg, split, rank=r, world_size=2)
         resumed.load_state_dict(roundtrip(state, "json"))
         assert [signature(b) for b in resumed] == expected[r][3:]
 
@@ -196,7 +198,7 @@ def test_rank_zero_state_resumes_every_rank(tmp_path):
 def test_world_size_change_never_repeats(tmp_path):
     split = random_split(9, documents=90)
     cfg = case_cfg("bfd")
-    single = build_sampler(cfg, split, train=True, packs_dir=tmp_path)
+    single = build_sampler(cfg, split, packs_dir=tmp_path)
     consumed: list = []
     for batch in single:
         consumed.extend(np.asarray(batch.meta["chunks"]).tolist())
@@ -205,7 +207,7 @@ def test_world_size_change_never_repeats(tmp_path):
     state = single.state_dict()
     rest: list = []
     for r in range(2):
-        sampler = build_sampler(cfg, split, train=True, rank=r, world_size=2, packs_dir=tmp_path)
+        sampler = build_sampler(cfg, split, rank=r, world_size=2, packs_dir=tmp_path)
         sampler.load_state_dict(state)
         rest.extend(c for b in sampler for c in np.asarray(b.meta["chunks"]).tolist())
     assert not set(consumed) & set(rest)
@@ -213,103 +215,105 @@ def test_world_size_change_never_repeats(tmp_path):
 
 def test_deterministic_and_seeded(tmp_path):
     split = random_split(10)
-    first = [signature(b) for b in build_sampler(case_cfg("bestfit"), split, train=True)]
-    again = [signature(b) for b in build_sampler(case_cfg("bestfit"), split, train=True)]
-    other = [signature(b) for b in build_sampler(case_cfg("bestfit", "seed=99"), split, train=True)]
+    first = [signature(b) for b in build_sampler(case_cfg("bestfit"), split)]
+    again = [signature(b) for b in build_sampler(case_cfg("bestfit"), split)]
+    other = [signature(b) for b in build_sampler(case_cfg("bestfit", "seed=99"), split)]
     assert first == again
     assert first != other
 
 
+def evaluation_signature(batch) -> tuple:
+    """The pairs a batch scores, as (input, target) per counted position, in batch order."""
+    counted = batch.targets != -100
+    return tuple(zip(batch.input_ids[counted].tolist(), batch.targets[counted].tolist(), strict=True))
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_validation_is_fixed_sized_and_repeatable(case, tmp_path):
+def test_validation_is_fixed_sized_repeatable_and_unseeded(case):
     split = random_split(11, documents=60, name="validation")
-    cfg = case_cfg(case)
-    sampler = build_sampler(cfg, split, train=False, packs_dir=tmp_path)
-    passes = [[signature(b)[1:] for b in sampler] for _ in range(3)]  # [0] is the pass number
+    settings = case_cfg(case)
+    table = evaluation_chunks(split, 16, validation_pairs(settings))  # 5 x 40 pairs of whole documents
+    passes = [[evaluation_signature(b) for b in evaluation_batches(settings, split, table)] for _ in range(3)]
     assert passes[0] == passes[1] == passes[2]
-    assert len(passes[0]) == len(sampler) == 5  # train.val_batches
-    reseeded = build_sampler(case_cfg(case, "seed=7"), split, train=False, packs_dir=tmp_path)
-    assert [signature(b)[1:] for b in reseeded] == passes[0]  # no shuffle
+    assert len(passes[0]) == evaluation_batch_count(settings, table)
+    reseeded = case_cfg(case, "seed=7")
+    assert [evaluation_signature(b) for b in evaluation_batches(reseeded, split, table)] == passes[
+        0
+    ]  # no shuffle
     per_batch = max(1, 40 // 16)  # train.eval_microbatch_tokens // max_seq_len
-    for batch in build_sampler(cfg, split, train=False, packs_dir=tmp_path):
-        assert len(batch.pack_lengths) == per_batch
-        assert np.asarray(batch.meta["packs"]).tolist() == list(
-            range(batch.meta["index"] * per_batch, (batch.meta["index"] + 1) * per_batch)
-        )  # units in their fixed order
+    batches = list(evaluation_batches(settings, split, table))
+    assert all(len(b.pack_lengths) == per_batch for b in batches[:-1])
+    assert sum(b.num_targets for b in batches) == table.total_pairs <= 5 * 40
 
 
-def test_validation_smaller_than_val_batches(tmp_path):
+def test_validation_smaller_than_val_batches():
     split = random_split(12, documents=5, high=8, name="validation")
-    cfg = case_cfg("padded-max", "train.val_batches=100")
-    sampler = build_sampler(cfg, split, train=False)
-    assert len(sampler) == 3  # 5 rows, 2 per batch: ceil(5 / 2)
-    assert sum(len(b.pack_lengths) for b in sampler) == 5
-    unlimited = build_sampler(case_cfg("padded-max", "train.val_batches=null"), split, train=False)
-    assert len(unlimited) == 3
+    settings = case_cfg("padded-max", "train.val_batches=100")
+    table = evaluation_chunks(split, 16, validation_pairs(settings))
+    assert len(table) == 5 and evaluation_batch_count(settings, table) == 3  # 5 rows, 2 per batch
+    assert sum(len(b.pack_lengths) for b in evaluation_batches(settings, split, table)) == 5
+    unlimited = case_cfg("padded-max", "train.val_batches=null")
+    assert evaluation_batch_count(unlimited, evaluation_chunks(split, 16, validation_pairs(unlimited))) == 3
 
 
 def test_microbatch_tokens_sizing():
     split = random_split(13)
     cfg = make_cfg("bestfit", "data.max_seq_len=16", "train.batch_size=null", "train.microbatch_tokens=100")
-    batches = list(build_sampler(cfg, split, train=True))
+    batches = list(build_sampler(cfg, split))
     assert all(len(b.pack_lengths) == 100 // 16 for b in batches[:-1])
     tiny = make_cfg("bestfit", "data.max_seq_len=16", "train.batch_size=null", "train.microbatch_tokens=5")
-    assert all(len(b.pack_lengths) == 1 for b in build_sampler(tiny, split, train=True))
+    assert all(len(b.pack_lengths) == 1 for b in build_sampler(tiny, split))
 
 
 def test_batch_size_errors():
     split = random_split(14)
     with pytest.raises(ValueError) as info:  # refused when the settings are built, before any sampler
-        build_sampler(
-            make_cfg("bestfit", "train.batch_size=4", "train.microbatch_tokens=4096"), split, train=True
-        )
+        build_sampler(make_cfg("bestfit", "train.batch_size=4", "train.microbatch_tokens=4096"), split)
     assert str(info.value) == (
         "set only one of train.batch_size and train.microbatch_tokens (e.g. train.batch_size=null)"
     )
     with pytest.raises(ValueError, match="train.batch_size"):
-        build_sampler(
-            make_cfg("bestfit", "train.batch_size=null", "train.microbatch_tokens=null"), split, train=True
-        )
+        build_sampler(make_cfg("bestfit", "train.batch_size=null", "train.microbatch_tokens=null"), split)
     with pytest.raises(ValueError, match="train.batch_size must be a positive integer"):
-        build_sampler(make_cfg("bestfit", "train.batch_size=0"), split, train=True)
+        build_sampler(make_cfg("bestfit", "train.batch_size=0"), split)
 
 
 def test_config_errors():
     split = random_split(15)
     with pytest.raises(ValueError, match="padded, prepacked, bestfit"):
-        build_sampler(make_cfg("bestfit", "data.policy=greedy"), split, train=True)
+        build_sampler(make_cfg("bestfit", "data.policy=greedy"), split)
     for bad in (1, 4097):
         with pytest.raises(ValueError, match=r"data\.max_seq_len must be an integer in 2\.\.4096"):
-            build_sampler(make_cfg("bestfit", f"data.max_seq_len={bad}"), split, train=True)
+            build_sampler(make_cfg("bestfit", f"data.max_seq_len={bad}"), split)
     with pytest.raises(ValueError, match="max, longest"):
-        build_sampler(make_cfg("padded", "data.pad_to=min"), split, train=True)
+        build_sampler(make_cfg("padded", "data.pad_to=min"), split)
     with pytest.raises(ValueError, match="concat, bfd"):
-        build_sampler(make_cfg("prepacked", "data.strategy=ffd"), split, train=True)
+        build_sampler(make_cfg("prepacked", "data.strategy=ffd"), split)
     with pytest.raises(ValueError, match="packing_buffer"):
-        build_sampler(make_cfg("bestfit", "train.packing_buffer=0"), split, train=True)
+        build_sampler(make_cfg("bestfit", "train.packing_buffer=0"), split)
     with pytest.raises(ValueError, match="rank"):
-        build_sampler(make_cfg("bestfit"), split, train=True, rank=2, world_size=2)
+        build_sampler(make_cfg("bestfit"), split, rank=2, world_size=2)
 
 
 def test_too_small_train_split_is_a_clear_error():
     split = random_split(16, documents=3, high=6)
     cfg = make_cfg("padded", "train.batch_size=2")
     with pytest.raises(ValueError, match="fewer than world_size=4"):
-        build_sampler(cfg, split, train=True, rank=0, world_size=4)
+        build_sampler(cfg, split, rank=0, world_size=4)
 
 
 def test_mismatched_state_is_refused(tmp_path):
     split = random_split(17)
-    sampler = build_sampler(case_cfg("bestfit"), split, train=True)
+    sampler = build_sampler(case_cfg("bestfit"), split)
     take(sampler, 2, [])
     state = sampler.state_dict()
-    other = build_sampler(case_cfg("bestfit", "train.batch_size=3"), split, train=True)
+    other = build_sampler(case_cfg("bestfit", "train.batch_size=3"), split)
     with pytest.raises(ValueError, match="train.batch_size: 2 -> 3"):
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="policy"):
-        build_sampler(case_cfg("bfd"), split, train=True, packs_dir=tmp_path).load_state_dict(state)
+        build_sampler(case_cfg("bfd"), split, packs_dir=tmp_path).load_state_dict(state)
     with pytest.raises(ValueError, match="split_fingerprint"):
-        build_sampler(case_cfg("bestfit"), random_split(18), train=True).load_state_dict(state)
+        build_sampler(case_cfg("bestfit"), random_split(18)).load_state_dict(state)
 
 
 @pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit"])
@@ -331,16 +335,15 @@ def test_composed_config_builds_samplers(policy, tmp_path):
 
     cfg = settings_of(load_config([f"data={policy}", "data.max_seq_len=32"]))
     split = random_split(19, documents=120, high=200)
-    train = build_sampler(cfg, split, train=True, packs_dir=tmp_path)
-    validation = build_sampler(cfg, split, train=False, packs_dir=tmp_path)
-    assert len(train) > 0 and len(validation) > 0
+    train = build_sampler(cfg, split, packs_dir=tmp_path)
+    assert len(train) > 0 and len(list(evaluation_batches(cfg, split))) > 0
     assert next(iter(train)).num_tokens > 0
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_empty_validation_split_gives_no_batches(case, tmp_path):
     empty = TokenSplit.from_lengths([], name="validation")
-    sampler = build_sampler(case_cfg(case), empty, train=False, packs_dir=tmp_path)
-    assert len(sampler) == 0 and list(sampler) == []
+    assert list(evaluation_batches(case_cfg(case), empty)) == []
+    assert evaluation_batch_count(case_cfg(case), evaluation_chunks(empty, 16)) == 0
     with pytest.raises(ValueError, match="no documents"):
-        build_sampler(case_cfg(case), TokenSplit.from_lengths([]), train=True, packs_dir=tmp_path)
+        build_sampler(case_cfg(case), TokenSplit.from_lengths([]), packs_dir=tmp_path)

@@ -1,4 +1,4 @@
-"""Resumable, rank-aware samplers: one per (policy, split, rank), yielding `PackedBatch`es.
+"""Resumable, rank-aware training samplers: one per (policy, split, rank), yielding `PackedBatch`es.
 
 Every rank builds the same global sequence of units (packs or padded rows) for an epoch from
 (seed, epoch) alone, cuts it into global batches of `batch_size` units, and takes global
@@ -6,9 +6,8 @@ batches rank, rank + world_size, ...; the last `global_batches % world_size` bat
 every rank has the same count (`epoch_accounting` says exactly what was dropped). Since the epoch's
 order is regenerated, the state is two integers (epoch, cursor) plus settings to check on resume.
 
-Training shuffles per epoch (padded: documents; prepacked: packs; bestfit: the chunk order, then
-packs online). Validation uses the fixed index order, the first `train.val_batches` batches per
-rank, identical on every pass.
+Each epoch is shuffled (padded: documents; prepacked: packs; bestfit: the chunk order, then packs
+online). Validation is not a sampler's job: its pairs are the same for every policy (evaluation.py).
 
 Each policy also owns what its batches cost: `segment_lengths`, `computed_rows`, `slots`,
 `truncated_pairs` and `cross_document_visible_fraction` of an epoch plan (what `inspect-data` reports).
@@ -69,30 +68,28 @@ class Sampler:
         split: TokenSplit,
         settings: PolicySettings,
         *,
-        train: bool,
         rank: int = 0,
         world_size: int = 1,
         packs_dir: Path | None = None,
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        if train and len(split) == 0:
+        if len(split) == 0:
             raise ConfigError(f"the {split.name} split has no documents: nothing to train on")
         self.split = split
         self.settings = settings
-        self.train = bool(train)
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.packs_dir = None if packs_dir is None else Path(packs_dir)
         self.max_seq_len = settings.max_seq_len
-        self.batch_size = settings.batch_size if train else settings.eval_batch_size  # units per batch
+        self.batch_size = settings.batch_size  # units per batch
         self.table = split_chunks(split, settings.max_seq_len)
         self.epoch = 0
         self.cursor = 0
         self._generation = 0  # bumped by load_state_dict: a live iterator from before stops
         self._plans: dict[int, EpochPlan] = {}
         self._split_fingerprint = split_fingerprint(split)
-        if self.train and len(self) == 0:
+        if len(self) == 0:
             raise ConfigError(
                 f"the {split.name} split makes {self.plan(0).global_batches} batches of {self.batch_size} "
                 f"{'rows' if self.policy == 'padded' else 'packs'}, fewer than world_size={world_size}: "
@@ -138,18 +135,12 @@ class Sampler:
 
     def _settings_key(self) -> dict:
         """Settings a saved state depends on, by config key; a resume with other values is refused."""
-        sizing: dict[str, int | None] = {"train.batch_size": self.batch_size, "seed": self.settings.seed}
-        if not self.train:
-            sizing = {
-                "train.eval_microbatch_tokens": self.settings.eval_microbatch_tokens,
-                "train.val_batches": self.settings.val_batches,
-            }
         return {
             "data.policy": self.policy,
             "split": self.split.name,
-            "train": self.train,
             "data.max_seq_len": self.max_seq_len,
-            **sizing,
+            "train.batch_size": self.batch_size,
+            "seed": self.settings.seed,
             **self.policy_settings(),
             "split_fingerprint": self._split_fingerprint,
         }
@@ -160,26 +151,23 @@ class Sampler:
         return np.random.default_rng([self.settings.seed & (2**64 - 1), epoch])
 
     def _unit_order(self, epoch: int, units: int) -> np.ndarray:
-        if self.train and self.shuffle_units:
+        if self.shuffle_units:
             return self._rng(epoch).permutation(units)
         return np.arange(units, dtype=np.int64)
 
     def plan(self, epoch: int) -> EpochPlan:
-        """The units of `epoch` in order and how they are batched (validation: the same every pass)."""
-        key = epoch if self.train else 0
-        plan = self._plans.get(key)
+        """The units of `epoch` in order and how they are batched."""
+        plan = self._plans.get(epoch)
         if plan is None:
-            layout = self._layout(key)
+            layout = self._layout(epoch)
             global_batches = math.ceil(len(layout) / self.batch_size)
             batches = global_batches // self.world_size
-            if not self.train and self.settings.val_batches is not None:
-                batches = min(batches, self.settings.val_batches)
             plan = EpochPlan(
-                layout, self._unit_order(key, len(layout)), self.batch_size, global_batches, batches
+                layout, self._unit_order(epoch, len(layout)), self.batch_size, global_batches, batches
             )
             if len(self._plans) >= 2:
                 self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = plan
+            self._plans[epoch] = plan
         return plan
 
     def batch(self, epoch: int, index: int) -> PackedBatch:
@@ -203,8 +191,7 @@ class Sampler:
         return out
 
     def epoch_accounting(self, epoch: int | None = None) -> dict:
-        """Units and items of `epoch` that no rank receives: the tail dropped to keep ranks equal
-        (and, for validation, everything past `train.val_batches`)."""
+        """Units and items of `epoch` that no rank receives: the tail dropped to keep ranks equal."""
         epoch = self.epoch if epoch is None else epoch
         plan = self.plan(epoch)
         served = plan.batches * self.world_size * self.batch_size
@@ -370,15 +357,14 @@ class PrepackedSampler(Sampler):
 
 class BestFitSampler(Sampler):
     """Each training epoch: a seeded shuffle of the chunks, packed online by best fit from a bounded
-    candidate buffer (`train.packing_buffer`). Validation packs the chunks in index order."""
+    candidate buffer (`train.packing_buffer`)."""
 
     policy = "bestfit"
     shuffle_units = False  # the chunk order is shuffled before packing; packs keep their order
 
     def _layout(self, epoch: int) -> Layout:
         chunks = len(self.table)
-        order = self._rng(epoch).permutation(chunks) if self.train else np.arange(chunks, dtype=np.int64)
-        return bestfit_layout(self.table, order, self.settings.packing_buffer)
+        return bestfit_layout(self.table, self._rng(epoch).permutation(chunks), self.settings.packing_buffer)
 
     def policy_settings(self) -> dict:
         return {"train.packing_buffer": self.settings.packing_buffer}
@@ -395,12 +381,10 @@ def build_sampler(
     settings: PolicySettings,
     split: TokenSplit,
     *,
-    train: bool,
     rank: int = 0,
     world_size: int = 1,
     packs_dir: Path | None = None,
 ) -> Sampler:
-    """The sampler of `settings.policy` for one split and rank."""
-    return SAMPLERS[settings.policy](
-        split, settings, train=train, rank=rank, world_size=world_size, packs_dir=packs_dir
-    )
+    """The training sampler of `settings.policy` for one split and rank (evaluation and validation
+    batches are policy-independent: data/evaluation.py)."""
+    return SAMPLERS[settings.policy](split, settings, rank=rank, world_size=world_size, packs_dir=packs_dir)

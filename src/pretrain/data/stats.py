@@ -120,7 +120,7 @@ def inspect_split(
     training's val/loss scores: the same for every policy).
     `audits=False` leaves out the two costly checks, `train_validation_overlap` (every id) and
     `verbatim_leaks` (every token), keys and all: what a training run logs at its start."""
-    sampler = build_sampler(settings, train, train=True, packs_dir=packs_dir)
+    sampler = build_sampler(settings, train, packs_dir=packs_dir)
     plan = sampler.plan(0)
     real = plan.real_tokens
     segments = sampler.segment_lengths(plan)

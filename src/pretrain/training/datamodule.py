@@ -101,7 +101,7 @@ class PretrainDataModule(L.LightningDataModule):
             train = self.cache.split("train")
             packs = self.cache.packs_dir
             self.train_sampler = build_sampler(
-                self.policy, train, train=True, rank=rank, world_size=world, packs_dir=packs
+                self.policy, train, rank=rank, world_size=world, packs_dir=packs
             )
         if self.validation_chunks is None:
             self.validation_chunks = evaluation_chunks(
