@@ -234,51 +234,27 @@ def test_a_reimported_model_starts_at_the_eval_loss(trained, exported):
     assert mine.loss == pytest.approx(result["loss"], abs=1e-6) and mine.targets == result["targets"]
 
 
-def test_cli_export_and_eval(trained, tmp_path, cache_root):
-    command = [sys.executable, "-m", "pretrain.cli"]
-    env = cli_env(cache_root)
-    out = tmp_path / "eval.json"
-    proc = subprocess.run(
-        [*command, "eval", str(trained), "data=padded", f"output={out}"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+def pretrain_cli(cache_root: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pretrain.cli", *args]
+    return subprocess.run(
+        command, cwd=REPO, env=cli_env(cache_root), capture_output=True, text=True, timeout=300
     )
+
+
+def test_cli_export_and_eval(trained, tmp_path, cache_root):
+    out = tmp_path / "eval.json"
+    proc = pretrain_cli(cache_root, "eval", str(trained), "data=padded", f"output={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     assert {"loss", "perplexity", "bits_per_byte", "targets", "documents", "step"} <= set(result)
     assert proc.stdout.strip().splitlines()[-1] == str(out.resolve())
-    proc = subprocess.run(
-        [*command, "export", str(trained), "--output", str(tmp_path / "hf")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = pretrain_cli(cache_root, "export", str(trained), "--output", str(tmp_path / "hf"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "hf" / "model.safetensors").is_file()
-    again = subprocess.run(
-        [*command, "export", str(trained), "--output", str(tmp_path / "hf")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert (
-        again.returncode == 2 and "not an empty directory" in again.stderr and "Traceback" not in again.stderr
-    )
-    missing = subprocess.run(
-        [*command, "eval", str(tmp_path / "nope.ckpt")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    again = pretrain_cli(cache_root, "export", str(trained), "--output", str(tmp_path / "hf"))
+    assert again.returncode == 2 and "not an empty directory" in again.stderr
+    assert "Traceback" not in again.stderr
+    missing = pretrain_cli(cache_root, "eval", str(tmp_path / "nope.ckpt"))
     assert missing.returncode == 2 and "nope.ckpt does not exist" in missing.stderr
 
 
