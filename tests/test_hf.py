@@ -6,6 +6,7 @@ is a randomly initialised GPT-2-shaped transformers model saved to disk here.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -269,3 +270,16 @@ def test_training_starts_from_init_from(cache_root, exported, tmp_path):
     assert summary["metrics"]["train/loss"] < fresh["metrics"]["train/loss"] - 0.5
     with pytest.raises(ConfigError, match="data.max_seq_len<=128"):
         train(load_config([*overrides, f"model.init_from={exported}", "data.max_seq_len=256"]))
+
+
+def test_only_export_imports_transformers():
+    """Training never needs transformers: the package imports it in one place, inside `export`.
+    (Lightning's torchmetrics imports it by itself when it is installed; that is not ours.)"""
+    importers = []
+    for path in sorted((REPO / "src" / "pretrain").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name.split(".")[0] == "transformers" for name in names):
+                importers.append((path.name, node.col_offset))
+    assert importers == [("hf.py", 8)]  # indented: inside a function

@@ -215,11 +215,8 @@ def report(summary: dict, plot: Path | None = None) -> None:
     if plot is not None:
         console.print(f"comparison plot: {plot}")
     metrics = summary["metrics"]
-    losses = {key: metrics.get(key, float("nan")) for key in ("train/loss", "val/loss")}
-    console.print(
-        f"[bold]done[/bold]: {summary['steps']} steps, {summary['tokens']:,} real tokens, "
-        f"train/loss {losses['train/loss']:.3f}, val/loss {losses['val/loss']:.3f}"
-    )
+    losses = ", ".join(f"{key} {metrics[key]:.3f}" for key in ("train/loss", "val/loss") if key in metrics)
+    console.print(f"[bold]done[/bold]: {summary['steps']} steps, {summary['tokens']:,} real tokens, {losses}")
     console.print(
         f"outputs: {output}\ncheckpoint: {summary['checkpoint']}\nmetrics: {output / 'metrics.csv'}"
     )
