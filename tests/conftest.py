@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -285,6 +286,20 @@ def offline(monkeypatch, tmp_path):
 @pytest.fixture
 def cache_root(offline) -> Path:
     return offline
+
+
+def module_cache_root():
+    """A module-scoped `cache_root` fixture: one cache root (env PRETRAIN_CACHE_ROOT) shared by the
+    module's tests, for modules whose tests reuse one built cache. Use: `cache_root = module_cache_root()`."""
+
+    @pytest.fixture(scope="module")
+    def cache_root(tmp_path_factory) -> Iterator[Path]:
+        root = tmp_path_factory.mktemp("cache")
+        os.environ["PRETRAIN_CACHE_ROOT"] = str(root)
+        yield root
+        os.environ.pop("PRETRAIN_CACHE_ROOT", None)
+
+    return cache_root
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, cli_env
+from conftest import REPO, cli_env, module_cache_root
 
 from pretrain.config import load_config, to_config
 from pretrain.data import TokenSplit, chunk_table, gather_packed
@@ -33,12 +32,7 @@ ATOL = 1e-5
 BASE = ["experiment=smoke", "budget.validation_tokens=3000"]
 
 
-@pytest.fixture(scope="module")
-def cache_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("cache")
-    os.environ["PRETRAIN_CACHE_ROOT"] = str(root)
-    yield root
-    os.environ.pop("PRETRAIN_CACHE_ROOT", None)
+cache_root = module_cache_root()  # one cache for the whole module
 
 
 @pytest.fixture(scope="module")

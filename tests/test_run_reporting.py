@@ -4,14 +4,12 @@ plain progress lines off a terminal, step-time accounting and MFU."""
 from __future__ import annotations
 
 import csv
-import os
-from pathlib import Path
 
 import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import split_of
+from conftest import module_cache_root, split_of
 
 from pretrain.config import load_config, to_config
 from pretrain.data.cache import CacheSpec
@@ -34,12 +32,7 @@ POLICIES = {
 }
 
 
-@pytest.fixture(scope="module")
-def cache_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("cache")
-    os.environ["PRETRAIN_CACHE_ROOT"] = str(root)
-    yield root
-    os.environ.pop("PRETRAIN_CACHE_ROOT", None)
+cache_root = module_cache_root()  # one cache for the whole module
 
 
 def settings_for(*overrides: str) -> tuple[PolicySettings, CacheSpec]:

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import module_cache_root
 
 from pretrain.config import load_config
 from pretrain.data import TokenSplit, gather_packed
@@ -26,12 +27,7 @@ from pretrain.training.update import run_update
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def cache_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("cache")
-    os.environ["PRETRAIN_CACHE_ROOT"] = str(root)
-    yield root
-    os.environ.pop("PRETRAIN_CACHE_ROOT", None)
+cache_root = module_cache_root()  # one cache for the whole module
 
 
 def compose(out: Path, *overrides: str):
