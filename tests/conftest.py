@@ -39,6 +39,25 @@ atexit.register(shutil.rmtree, _SESSION_CACHE_ROOT, ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[1]
 EOS = 50256
+# The inspect-data JSON keys the README promises.
+DESIGN_KEYS = frozenset(
+    {
+        "documents",
+        "raw_tokens",
+        "prediction_pairs",
+        "chunks",
+        "chunk_lengths",
+        "packs",
+        "pack_utilization",
+        "padding_waste",
+        "truncated_pairs",
+        "cross_document_visible_fraction",
+        "tokens_per_step",
+        "steps_per_epoch",
+        "train_validation_overlap",
+        "verbatim_leaks",
+    }
+)
 
 # --- config -------------------------------------------------------------------------------------
 

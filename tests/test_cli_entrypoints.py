@@ -9,24 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import DESIGN_KEYS
 
 REPO = Path(__file__).resolve().parents[1]
-DESIGN_KEYS = {
-    "documents",
-    "raw_tokens",
-    "prediction_pairs",
-    "chunks",
-    "chunk_lengths",
-    "packs",
-    "pack_utilization",
-    "padding_waste",
-    "truncated_pairs",
-    "cross_document_visible_fraction",
-    "tokens_per_step",
-    "steps_per_epoch",
-    "train_validation_overlap",
-    "verbatim_leaks",
-}
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DESIGN_KEYS as INSPECT_DATA_KEYS
 from conftest import policy_cfg, split_of
 from rich.console import Console
 
@@ -15,24 +16,7 @@ from pretrain.data.tokens import TokenSplit
 
 ROOT = Path(__file__).resolve().parents[1]
 
-DESIGN_KEYS = {
-    "documents",
-    "raw_tokens",
-    "prediction_pairs",
-    "chunks",
-    "chunk_lengths",
-    "packs",
-    "pack_utilization",
-    "padding_waste",
-    "truncated_pairs",
-    "cross_document_visible_fraction",
-    "tokens_per_step",
-    "steps_per_epoch",
-    "train_validation_overlap",
-    "verbatim_leaks",
-    "policy",
-    "max_seq_len",
-}
+DESIGN_KEYS = {*INSPECT_DATA_KEYS, "policy", "max_seq_len"}
 
 # Bodies of 2, 5, 1 and 9 tokens; with EOS 3 + 6 + 2 + 10 = 21 tokens and 2 + 5 + 1 + 9 = 17 pairs.
 BODIES = [[1, 2], [10, 11, 12, 13, 14], [20], [30, 31, 32, 33, 34, 35, 36, 37, 38]]
