@@ -45,7 +45,7 @@ def validation_pairs(settings: PolicySettings) -> int | None:
     return settings.val_batches * settings.eval_microbatch_tokens
 
 
-def _units(settings: PolicySettings, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
+def evaluation_units(settings: PolicySettings, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
     """(chunk order, unit pointers): padded rows hold one chunk each, packs are best fit in index order."""
     if settings.policy == "padded":
         return np.arange(len(table), dtype=np.int64), np.arange(len(table) + 1, dtype=np.int64)
@@ -53,16 +53,20 @@ def _units(settings: PolicySettings, table: ChunkTable) -> tuple[np.ndarray, np.
 
 
 def evaluation_batch_count(settings: PolicySettings, table: ChunkTable) -> int:
-    return -(-(len(_units(settings, table)[1]) - 1) // settings.eval_batch_size)
+    return -(-(len(evaluation_units(settings, table)[1]) - 1) // settings.eval_batch_size)
 
 
 def evaluation_batches(
-    settings: PolicySettings, split: TokenSplit, table: ChunkTable | None = None
+    settings: PolicySettings,
+    split: TokenSplit,
+    table: ChunkTable | None = None,
+    units: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Iterator[PackedBatch]:
     """Batches of `settings.eval_batch_size` rows (padded) or packs holding every chunk of `table`
-    (default: all chunks of `split`), each chunk its own segment."""
+    (default: all chunks of `split`), each chunk its own segment. `units`: `evaluation_units` of
+    the same table, when the caller keeps them (training validates many times on the same pairs)."""
     table = split_chunks(split, settings.max_seq_len) if table is None else table
-    order, ptr = _units(settings, table)
+    order, ptr = evaluation_units(settings, table) if units is None else units
     for first in range(0, len(ptr) - 1, settings.eval_batch_size):
         bounds = ptr[first : first + settings.eval_batch_size + 1]
         items = order[bounds[0] : bounds[-1]]

@@ -15,7 +15,7 @@ from rich.table import Table
 from ..arrays import run_positions
 from .evaluation import evaluation_batch_count, evaluation_chunks, validation_pairs
 from .policies import PolicySettings
-from .samplers import build_sampler
+from .samplers import Sampler, build_sampler
 from .tokens import TokenSplit
 
 LEAK_WINDOW = 64
@@ -103,6 +103,7 @@ def inspect_split(
     validation: TokenSplit,
     packs_dir: Path | None = None,
     audits: bool = True,
+    sampler: Sampler | None = None,
 ) -> dict:
     """Statistics of the train split under the policy of `settings` (the inspect-data keys of the
     README), for one rank and epoch 0 (bestfit packs differ slightly per epoch). The policy's
@@ -120,7 +121,9 @@ def inspect_split(
     training's val/loss scores: the same for every policy).
     `audits=False` leaves out the two costly checks, `train_validation_overlap` (every id) and
     `verbatim_leaks` (every token), keys and all: what a training run logs at its start."""
-    sampler = build_sampler(settings, train, packs_dir=packs_dir)
+    # A running job passes its own train sampler: its epoch-0 plan is already built (at 10B tokens a
+    # bestfit plan takes seconds), so the statistics cost no second one.
+    sampler = sampler if sampler is not None else build_sampler(settings, train, packs_dir=packs_dir)
     plan = sampler.plan(0)
     real = plan.real_tokens
     segments = sampler.segment_lengths(plan)

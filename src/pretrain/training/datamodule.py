@@ -19,15 +19,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import lightning as L
+import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..data.batch import PackedBatch
 from ..data.cache import Cache, CacheSpec
 from ..data.chunking import ChunkTable
-from ..data.evaluation import evaluation_batches, evaluation_chunks, validation_pairs
+from ..data.evaluation import evaluation_batches, evaluation_chunks, evaluation_units, validation_pairs
 from ..data.policies import PolicySettings
 from ..data.prepare import prepare_cache
 from ..data.samplers import Sampler, build_sampler
+from ..data.tokens import TokenSplit
 from ..errors import CheckpointError, ConfigError
 
 STATE_FORMAT = 1
@@ -85,6 +87,8 @@ class PretrainDataModule(L.LightningDataModule):
         self.cache: Cache | None = None
         self.train_sampler: Sampler | None = None
         self.validation_chunks: ChunkTable | None = None  # this rank's share of the validation pairs
+        self._validation_units: tuple[np.ndarray, np.ndarray] | None = None  # their packing, built once
+        self._validation_split: TokenSplit | None = None
         self._trained_state: dict | None = None  # sampler state after the last trained update
         self._resume_state: dict | None = None  # from a checkpoint, applied when the sampler is built
 
@@ -104,18 +108,21 @@ class PretrainDataModule(L.LightningDataModule):
                 self.policy, train, rank=rank, world_size=world, packs_dir=packs
             )
         if self.validation_chunks is None:
+            self._validation_split = self.cache.split("validation")  # the index is parsed once
             self.validation_chunks = evaluation_chunks(
-                self.cache.split("validation"),
+                self._validation_split,
                 self.policy.max_seq_len,
                 validation_pairs(self.policy),
                 rank=rank,
                 world_size=world,
             )
+            self._validation_units = evaluation_units(self.policy, self.validation_chunks)
 
     def validation_batches(self) -> Iterator[PackedBatch]:
         """This rank's validation batches: the same pairs for every policy (data/evaluation.py)."""
-        assert self.cache is not None and self.validation_chunks is not None, "setup() comes first"
-        return evaluation_batches(self.policy, self.cache.split("validation"), self.validation_chunks)
+        assert self._validation_split is not None and self.validation_chunks is not None, "setup() first"
+        split = self._validation_split
+        return evaluation_batches(self.policy, split, self.validation_chunks, self._validation_units)
 
     @property
     def has_validation(self) -> bool:

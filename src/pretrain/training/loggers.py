@@ -147,14 +147,13 @@ def flat_statistics(stats: dict, prefix: str = "data") -> dict[str, Any]:
     return flat
 
 
-def data_statistics(policy, cache) -> dict[str, Any]:
+def data_statistics(policy, cache, sampler=None) -> dict[str, Any]:
     """The `pretrain inspect-data` statistics of this policy on the cache's splits (without the costly
-    overlap and leak audits), flattened."""
+    overlap and leak audits), flattened; `sampler`: the run's own train sampler, reused."""
     from ..data.stats import inspect_split
 
-    stats = inspect_split(
-        policy, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir, audits=False
-    )
+    train, validation = cache.split("train"), cache.split("validation")
+    stats = inspect_split(policy, train, validation, packs_dir=cache.packs_dir, audits=False, sampler=sampler)
     return flat_statistics(stats)
 
 
@@ -169,7 +168,7 @@ class DataStatistics(Callback):
         datamodule = getattr(trainer, "datamodule", None)
         if datamodule is None or getattr(datamodule, "cache", None) is None:
             return
-        flat = data_statistics(datamodule.policy, datamodule.cache)
+        flat = data_statistics(datamodule.policy, datamodule.cache, datamodule.train_sampler)
         for logger in loggers:
             logger.log_hyperparams(flat)
 
