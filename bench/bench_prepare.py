@@ -115,7 +115,7 @@ def _worker_prepare(parquet: str) -> dict:
 def _worker_raw(parquet: str, method: str = "encode_batch") -> dict:
     import pyarrow.parquet as pq
 
-    from pretrain.data.prepare import BATCH_CHARS, _batches
+    from pretrain.data.build import BATCH_CHARS, _batches
     from pretrain.data.sources import Document
     from pretrain.data.tokenizer import build_tokenizer, bundled_files
 

@@ -37,6 +37,7 @@ from conftest import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pretrain.data import build as build_module
 from pretrain.data import prepare as prepare_module
 from pretrain.data.cache import CacheError, identity_key, open_cache, verify_cache
 from pretrain.data.prepare import BATCH_CHARS
@@ -201,7 +202,7 @@ def test_dedup_and_empty_invariants(texts, make_cfg):
     """Every distinct non-blank text once, in first-occurrence order; skips counted exactly."""
     with tempfile.TemporaryDirectory() as root, mock.patch.dict(os.environ, {"PRETRAIN_CACHE_ROOT": root}):
         documents = [Document(text=t, origin=f"mem:{i}") for i, t in enumerate(texts)]
-        with mock.patch.object(prepare_module, "iter_documents", lambda source: iter(documents)):
+        with mock.patch.object(build_module, "iter_documents", lambda source: iter(documents)):
             cache = prepare(make_cfg(**{"split.validation_fraction": 0.3}), progress=False)
         expected = expected_cache(texts, fraction=0.3)
         assert_matches(cache.directory, expected)
@@ -277,7 +278,7 @@ def test_reading_stops_when_both_budgets_are_met(make_cfg):
     releases the source (no reader thread left behind)."""
     state = {"reads": 0, "closed": False}
     budgets = {"budget.train_tokens": 4000, "budget.validation_tokens": 300}
-    with mock.patch.object(prepare_module, "iter_documents", lambda source: _endless_documents(state)):
+    with mock.patch.object(build_module, "iter_documents", lambda source: _endless_documents(state)):
         cache = prepare(make_cfg(**budgets), progress=False)
 
     texts = [d.text for d in itertools.islice(_endless_documents({}), state["reads"])]
