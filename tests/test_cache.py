@@ -44,7 +44,15 @@ from pretrain.data.prepare import BATCH_CHARS
 from pretrain.data.sources import Document, SourceError
 from pretrain.data.tokenizer import bundled_files
 
-FILES = {"train.bin", "train.jsonl", "validation.bin", "validation.jsonl", "manifest.json"}
+FILES = {
+    "train.bin",
+    "train.jsonl",
+    "train.index.npy",
+    "validation.bin",
+    "validation.jsonl",
+    "validation.index.npy",
+    "manifest.json",
+}
 FRACTION = 0.2  # enough validation documents in a small corpus
 
 

@@ -1,4 +1,11 @@
-"""Writes one split of the cache: its token file and index, hashing the bytes as they are written."""
+"""Writes one split of the cache: its token file, its JSONL index and the index's binary twin,
+hashing the bytes as they are written.
+
+`<split>.bin` holds the documents' tokens back to back in `token_dtype` (uint16 or uint32,
+little-endian), `<split>.jsonl` one line `{"id":...,"offset":...,"length":...}` per document, and
+`<split>.index.npy` the same offsets and lengths as one int64 array of shape (2, documents), which
+training loads with np.load (no JSON parsing, no Python object per document).
+"""
 
 from __future__ import annotations
 
@@ -11,56 +18,143 @@ from typing import Any
 
 import numpy as np
 
-from .cache import split_files
+from ..errors import CacheError
+from .files import sha256_file
+
+TOKEN_DTYPES = ("uint16", "uint32")
+
+
+def split_files(split: str) -> dict[str, str]:
+    """The files of one split, by their kind in the manifest (`splits.<split>.files.<kind>`)."""
+    return {"bin": f"{split}.bin", "index": f"{split}.jsonl", "index_npy": f"{split}.index.npy"}
+
+
+def token_dtype(value: Any) -> np.dtype:
+    """The little-endian numpy dtype of a cache's tokens: uint16 or uint32 (a name or a numpy type)."""
+    dtype = np.dtype(value).newbyteorder("<")
+    if dtype.name not in TOKEN_DTYPES:
+        raise ValueError(f"token_dtype must be uint16 or uint32, got {dtype}")
+    return dtype
+
+
+def index_lines(doc_ids: list[str], offsets: np.ndarray, lengths: np.ndarray) -> bytes:
+    """The JSONL index lines of consecutive documents (compact JSON, one line each)."""
+    return "".join(
+        f'{{"id":{json.dumps(doc_id)},"offset":{offset},"length":{length}}}\n'
+        for doc_id, offset, length in zip(doc_ids, offsets.tolist(), lengths.tolist(), strict=True)
+    ).encode()
 
 
 @dataclass
 class SplitWriter:
-    """Appends documents to one split's `.bin` and `.jsonl`, hashing the bytes as they are written."""
+    """Appends documents to one split's files, hashing the bytes as they are written.
+
+    `write(doc_id, ids)` takes one document (its EOS included); `write_many(doc_ids, tokens, lengths)`
+    takes several back to back and writes exactly the bytes of the same `write` calls. Tokens are stored
+    as `token_dtype`; a token that does not fit it is an error, never a silent wrap-around.
+    """
 
     directory: Path
     split: str
     budget: int | None
+    token_dtype: Any = np.uint32
     documents: int = 0
     tokens: int = 0
     _bin_hash: Any = field(default_factory=hashlib.sha256)
     _index_hash: Any = field(default_factory=hashlib.sha256)
 
     def __post_init__(self):
-        bin_name, index_name = split_files(self.split)
-        self._bin = open(self.directory / bin_name, "wb")
-        self._index = open(self.directory / index_name, "wb")
+        self.directory = Path(self.directory)
+        self.token_dtype = token_dtype(self.token_dtype)
+        self._limit = int(np.iinfo(self.token_dtype).max)
+        self._lengths = np.zeros(1024, dtype=np.int64)  # grows by doubling: no object per document
+        names = split_files(self.split)
+        self._bin = open(self.directory / names["bin"], "wb")
+        self._index = open(self.directory / names["index"], "wb")
 
     @property
     def full(self) -> bool:
         return self.budget is not None and self.tokens >= self.budget
 
     def write(self, doc_id: str, ids: np.ndarray) -> None:
-        data = ids.tobytes()
-        line = json.dumps({"id": doc_id, "offset": self.tokens, "length": len(ids)}).encode() + b"\n"
+        ids = np.asarray(ids)
+        self.write_many([doc_id], ids, np.array([len(ids)], dtype=np.int64))
+
+    def write_many(self, doc_ids: list[str], tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Several documents at once: `tokens` back to back, `lengths[i]` tokens (EOS included) each."""
+        tokens = np.asarray(tokens)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if len(doc_ids) != len(lengths) or int(lengths.sum()) != len(tokens) or lengths.ndim != 1:
+            raise ValueError(
+                f"write_many: {len(doc_ids)} ids, {len(lengths)} lengths summing to {int(lengths.sum())} "
+                f"and {len(tokens)} tokens do not describe the same documents"
+            )
+        if len(lengths) and int(lengths.min()) < 1:
+            raise ValueError("write_many: every document has at least its EOS token")
+        data = self._encode(tokens)
+        offsets = self.tokens + np.cumsum(lengths) - lengths
+        lines = index_lines(doc_ids, offsets, lengths)
         self._bin.write(data)
-        self._index.write(line)
+        self._index.write(lines)
         self._bin_hash.update(data)
-        self._index_hash.update(line)
-        self.documents += 1
-        self.tokens += len(ids)
+        self._index_hash.update(lines)
+        self._remember(lengths)
+        self.documents += len(lengths)
+        self.tokens += len(tokens)
+
+    def _encode(self, tokens: np.ndarray) -> bytes:
+        if tokens.dtype == self.token_dtype:
+            return tokens.tobytes()
+        if tokens.size and (
+            tokens.dtype.kind not in "ui" or int(tokens.min()) < 0 or int(tokens.max()) > self._limit
+        ):
+            raise CacheError(
+                f"a token id of {self.split} does not fit the cache's {self.token_dtype.name} tokens "
+                f"(ids {int(tokens.min())}..{int(tokens.max())}); set cache.token_dtype=uint32"
+            )
+        return tokens.astype(self.token_dtype).tobytes()
+
+    def _remember(self, lengths: np.ndarray) -> None:
+        need = self.documents + len(lengths)
+        if need > len(self._lengths):
+            grown = np.zeros(max(need, 2 * len(self._lengths)), dtype=np.int64)
+            grown[: self.documents] = self._lengths[: self.documents]
+            self._lengths = grown
+        self._lengths[self.documents : need] = lengths
 
     def close(self) -> dict:
         for handle in (self._bin, self._index):
             handle.flush()
             os.fsync(handle.fileno())
             handle.close()
-        bin_name, index_name = split_files(self.split)
+        names = split_files(self.split)
+        lengths = self._lengths[: self.documents]
+        table = np.stack([np.cumsum(lengths) - lengths, lengths]).astype("<i8")
+        npy = self.directory / names["index_npy"]
+        with open(npy, "wb") as handle:
+            np.save(handle, table, allow_pickle=False)
+            handle.flush()
+            os.fsync(handle.fileno())
         return {
             "documents": self.documents,
             "tokens": self.tokens,
             "prediction_pairs": self.tokens - self.documents,
+            "token_dtype": self.token_dtype.name,
             "files": {
-                "bin": {"name": bin_name, "bytes": self.tokens * 4, "sha256": self._bin_hash.hexdigest()},
+                "bin": {
+                    "name": names["bin"],
+                    "bytes": self.tokens * self.token_dtype.itemsize,
+                    "sha256": self._bin_hash.hexdigest(),
+                },
                 "index": {
-                    "name": index_name,
-                    "bytes": (self.directory / index_name).stat().st_size,
+                    "name": names["index"],
+                    "bytes": (self.directory / names["index"]).stat().st_size,
                     "sha256": self._index_hash.hexdigest(),
+                },
+                "index_npy": {
+                    "name": names["index_npy"],
+                    "bytes": npy.stat().st_size,
+                    "sha256": sha256_file(npy),
                 },
             },
         }
