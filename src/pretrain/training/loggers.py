@@ -15,10 +15,15 @@ A W&B run is set up so that its default workspace is the dashboard:
   (`compare/plot`, a `wandb.Image`).
 
 Offline without an API key (`wandb sync <run dir>/wandb/offline-run-*` uploads it later).
+
+`metrics.csv` is written row by row as it is logged (`RunCSVLogger`, metrics_file.py): a killed run
+keeps every logged step, and a resumed run appends to its run directory's file (`MetricsStart` tells
+the logger the step the run starts from).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import asdict
@@ -27,9 +32,14 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from ..config import Config, LoggerConfig
+from .metrics_file import FILE_NAME, STEP, MetricsFile
+
+log = logging.getLogger(__name__)
 
 TOKEN_AXIS = "train/tokens"
 """The x axis of every W&B chart: real tokens seen (cumulative, all ranks)."""
@@ -109,8 +119,69 @@ class TokenAxisWandbLogger(WandbLogger):
         return experiment
 
 
+class MetricsWriter(ExperimentWriter):
+    """Lightning's CSV experiment writer with metrics.csv written by `MetricsFile`: each logged row at
+    once, appended; an existing file is taken over by `start` instead of deleted."""
+
+    def __init__(self, log_dir: str) -> None:
+        super().__init__(log_dir)
+        self.file = MetricsFile(Path(log_dir) / FILE_NAME)
+
+    def _check_log_dir_exists(self) -> None:
+        """Lightning deletes an existing metrics.csv here; `start` keeps what a resume continues."""
+
+    def start(self, start_step: int) -> None:
+        notice = self.file.start(start_step)
+        if notice:
+            log.warning(notice)
+
+    def log_metrics(self, metrics_dict: dict[str, float], step: int | None = None) -> None:
+        super().log_metrics(metrics_dict, step)
+        self.save()
+
+    def save(self) -> None:
+        if not self.metrics:
+            return
+        if not self.file.started:
+            # No MetricsStart callback: the first logged step is the first one this run trained.
+            self.start(max(0, int(self.metrics[0][STEP]) - 1))
+        rows, self.metrics = self.metrics, []
+        self.file.append(rows)
+
+
+class RunCSVLogger(CSVLogger):
+    """metrics.csv in the run directory itself, on disk at every log step (see MetricsWriter)."""
+
+    def __init__(self, save_dir: str | Path):
+        super().__init__(save_dir=str(save_dir), name="", version="")
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> MetricsWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = MetricsWriter(log_dir=self.log_dir)
+        assert isinstance(self._experiment, MetricsWriter)
+        return self._experiment
+
+    @rank_zero_only
+    def start(self, start_step: int) -> None:
+        """The run trains from `start_step` on (0, or the step of the checkpoint it resumed from)."""
+        self.experiment.start(start_step)
+
+
+class MetricsStart(Callback):
+    """Tells the CSV logger the step training starts from (after a checkpoint is restored, before the
+    first update): a resume keeps the rows up to its checkpoint's step and appends after them."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, RunCSVLogger):
+                logger.start(int(trainer.global_step))
+
+
 def build_loggers(config: Config, output_dir: Path) -> list[Logger]:
-    loggers: list[Logger] = [CSVLogger(save_dir=str(output_dir), name="", version="")]
+    loggers: list[Logger] = [RunCSVLogger(output_dir)]
     logger = config.logger
     if logger.kind == "wandb":
         tags = [

@@ -26,7 +26,7 @@ from ..data.policies import PolicySettings
 from ..model import GPTConfig
 from .checks import attention_backend, check_checkpoint
 from .datamodule import PretrainDataModule
-from .loggers import DataStatistics, build_loggers, finish_loggers
+from .loggers import DataStatistics, MetricsStart, build_loggers, finish_loggers
 from .module import PretrainModule
 from .progress import StepProgressBar, progress_callbacks
 from .recorder import BatchRecorder
@@ -131,7 +131,8 @@ def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
         log_every_n_steps=t.log_every_n_steps,
         logger=build_loggers(config, output_dir),
         # DataStatistics: the inspect-data numbers in the W&B config (a no-op without W&B).
-        callbacks=[checkpoints, *progress, DataStatistics(), *callbacks],
+        # MetricsStart: a resume appends to metrics.csv after its checkpoint's step.
+        callbacks=[checkpoints, *progress, DataStatistics(), MetricsStart(), *callbacks],
         default_root_dir=str(output_dir),
         deterministic=t.deterministic,
         use_distributed_sampler=False,  # our samplers split packs over ranks themselves
