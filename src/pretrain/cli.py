@@ -134,7 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("overrides", nargs="*", help="Hydra overrides plus output=FILE.json")
     compare = sub.add_parser("compare", help="loss and padding waste of runs or sweeps side by side")
     compare.add_argument("dirs", nargs="+", help="run directories or multirun directories")
-    compare.add_argument("--output", help="PNG path (default: compare.png in the first directory)")
+    compare.add_argument(
+        "--output",
+        help="image file for the plot: .png, .pdf, .svg, ... (default: compare.png in the first directory); "
+        "the markdown table goes beside it (.md)",
+    )
     compare.add_argument(
         "--wandb",
         action="store_true",

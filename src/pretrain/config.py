@@ -117,11 +117,16 @@ class SplitConfig:
     seed: int = DEFAULT_SPLIT_SEED
     """seed re-hashed with each document's sha256 to pick its split"""
     validation_fraction: float = DEFAULT_VALIDATION_FRACTION
-    """share of documents that go to validation, in [0, 1]"""
+    """share of documents that go to validation, in [0, 1); 0 = no validation (no val/loss)"""
 
     def __post_init__(self) -> None:
-        if _is_set(self.validation_fraction) and not 0.0 <= self.validation_fraction <= 1.0:
-            raise ConfigError(f"split.validation_fraction={self.validation_fraction!r} must be in [0, 1]")
+        fraction = self.validation_fraction
+        if _is_set(fraction) and not 0.0 <= fraction < 1.0:
+            hint = "1 leaves no training documents" if fraction == 1 else "it is a share of the documents"
+            raise ConfigError(
+                f"split.validation_fraction={fraction!r} must be in [0, 1) ({hint}): "
+                f"set e.g. split.validation_fraction={DEFAULT_VALIDATION_FRACTION} (0 = no validation)"
+            )
 
 
 @dataclass
@@ -132,7 +137,11 @@ class BudgetConfig:
     """raw tokens collected for validation; null = the whole source"""
 
     def __post_init__(self) -> None:
-        _at_least("budget.train_tokens", self.train_tokens, 0)
+        if _is_set(self.train_tokens) and self.train_tokens < 1:
+            raise ConfigError(
+                f"budget.train_tokens={self.train_tokens!r} collects no training data: set a positive "
+                "number of tokens, or budget.train_tokens=null for the whole source"
+            )
         _at_least("budget.validation_tokens", self.validation_tokens, 0)
 
 

@@ -1,16 +1,20 @@
 """`pretrain compare DIR...`: loss and padding waste of runs or whole multiruns, side by side.
 
 A run directory is any directory with a `metrics.csv` (our CSV logger's output); a multirun
-directory is searched for them. Writes a PNG (loss against real tokens seen, padding waste, tokens/s,
-pack utilization per run) and a markdown table next to it. With `--wandb` the same table (a
+directory is searched for them. A resumed run is one continuous curve: its steps are joined, the last
+write of a step wins (also across files: `metrics.<n>.csv` beside it, n ascending, then `metrics.csv`).
+Writes a PNG (loss against real tokens seen, padding waste, tokens/s, pack utilization per run) and a
+markdown table next to it. With `--wandb` the same table (a
 `wandb.Table`, numbers as numbers) and plot go into one W&B run (job type `compare`) of the compared
 runs' group.
 """
 
 from __future__ import annotations
 
-import csv
+import logging
 import math
+import re
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +23,10 @@ import numpy as np
 import yaml
 
 from ..errors import ConfigError
+from ..training.metrics_file import FILE_NAME, join_steps, numeric_rows, read_table
+
+LOSS = "train/loss"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -73,18 +81,39 @@ def _label(run_dir: Path, config: dict) -> str:
     return f"{data.get('policy', '?')} L={data.get('max_seq_len', '?')} bs={train.get('batch_size', '?')}"
 
 
+def metrics_files(run_dir: Path) -> list[Path]:
+    """`metrics.csv`, after the `metrics.<n>.csv` beside it (n ascending): the order they are joined in."""
+    numbered = [p for p in run_dir.glob("metrics.*.csv") if re.fullmatch(r"metrics\.\d+\.csv", p.name)]
+    numbered.sort(key=lambda p: int(p.name.split(".")[1]))
+    main = run_dir / FILE_NAME
+    return [*numbered, *([main] if main.is_file() else [])]
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, float]]:
+    """The run's logged rows, one per step in step order (a step logged twice: the later write wins).
+    A file that is not a run's metrics (unreadable, no `step` or `train/loss` column, a cell that is
+    not a number) is a ConfigError naming it."""
+    rows: list[dict[str, float]] = []
+    for path in metrics_files(run_dir):
+        header, raw = read_table(path)
+        if LOSS not in header:
+            raise ConfigError(
+                f"{path} is not a training run's metrics file: it has no {LOSS} column; pass run "
+                "directories written by python train.py, or move this file away"
+            )
+        rows += numeric_rows(path, raw)
+    return join_steps(rows)
+
+
 def load_run(run_dir: Path) -> Run:
     config = _load_config(run_dir)
     series: dict[str, list[tuple[float, float]]] = {}
     tokens = 0.0
-    with open(run_dir / "metrics.csv", newline="") as handle:
-        for row in csv.DictReader(handle):
-            if row.get("train/tokens"):
-                tokens = float(row["train/tokens"])
-            for key, value in row.items():
-                if key in ("step", "epoch") or value in ("", None):
-                    continue
-                series.setdefault(key, []).append((tokens, float(value)))
+    for row in read_metrics(run_dir):
+        tokens = row.get("train/tokens", tokens)
+        for key, value in row.items():
+            if key not in ("step", "epoch"):
+                series.setdefault(key, []).append((tokens, value))
     data = config.get("data", {})
     return Run(
         path=run_dir,
@@ -141,11 +170,41 @@ def markdown_table(runs: list[Run]) -> str:
     return "\n".join(lines) + "\n"
 
 
+LEGEND_WIDTH = 40
+"""Legend labels wrap at this many characters (bar labels are cut there): the figure keeps its shape."""
+
+
 def _short(label: str) -> str:
     """`data=padded train.batch_size=2` -> `padded batch_size=2`: room for the numbers."""
     return " ".join(
         w.removeprefix("data=").removeprefix("data.").removeprefix("train.") for w in label.split(" ")
     )
+
+
+def _wrapped(label: str) -> str:
+    return "\n".join(textwrap.wrap(label, LEGEND_WIDTH, break_long_words=True)) or label
+
+
+def _cut(label: str) -> str:
+    return label if len(label) <= LEGEND_WIDTH else label[: LEGEND_WIDTH - 1] + "…"
+
+
+def image_formats() -> set[str]:
+    """File suffixes matplotlib can write (png, pdf, svg, ...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return set(FigureCanvasBase.get_supported_filetypes())
+
+
+def check_output(output: Path) -> None:
+    """`--output` must name an image file: a path without a (known) image suffix is refused."""
+    suffix = output.suffix.lower().removeprefix(".")
+    if suffix not in image_formats():
+        example = output.with_name(f"{output.name}.png") if not suffix else output.with_suffix(".png")
+        raise ConfigError(
+            f"--output {output} needs a file name with an image suffix such as .png "
+            f"(e.g. --output {example}); leave --output out for compare.png in the first directory"
+        )
 
 
 def plot(runs: list[Run], output: Path) -> None:
@@ -154,7 +213,8 @@ def plot(runs: list[Run], output: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = plt.figure(figsize=(15, 10))
+    # Constrained layout makes room for the legend and long labels (tight_layout warned when it could not).
+    fig = plt.figure(figsize=(15, 10), layout="constrained")
     grid = fig.add_gridspec(2, 3, height_ratios=[1.2, 1])
     colors = [plt.rcParams["axes.prop_cycle"].by_key()["color"][i % 10] for i in range(len(runs))]
     labels = [_short(run.label) for run in runs]
@@ -162,7 +222,7 @@ def plot(runs: list[Run], output: Path) -> None:
     for run, label, color in zip(runs, labels, colors, strict=True):
         train = np.array(run.series.get("train/loss", []))
         if len(train):
-            ax.plot(train[:, 0], train[:, 1], color=color, alpha=0.8, label=label)
+            ax.plot(train[:, 0], train[:, 1], color=color, alpha=0.8, label=_wrapped(label))
         val = np.array(run.series.get("val/loss", []))
         if len(val):
             ax.plot(val[:, 0], val[:, 1], "o--", color=color, markersize=5)
@@ -183,12 +243,11 @@ def plot(runs: list[Run], output: Path) -> None:
         ax = fig.add_subplot(grid[1, column])
         values = [float(reduce(run.values(metric))) if len(run.values(metric)) else math.nan for run in runs]
         bars = ax.barh(y, values, color=colors)
-        ax.set_yticks(y, labels if column == 0 else [""] * len(runs), fontsize=8)
+        ax.set_yticks(y, [_cut(label) for label in labels] if column == 0 else [""] * len(runs), fontsize=8)
         ax.invert_yaxis()  # the legend's order, top to bottom
         ax.set_title(title, fontsize=10)
         ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=7)
         ax.margins(x=0.2)
-    fig.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=100)
     plt.close(fig)
@@ -199,9 +258,17 @@ def compare(
 ) -> Path:
     """Write the comparison PNG (and a .md table beside it); returns the PNG path. `wandb=True` also
     logs the table and the plot into one W&B run of the compared runs' group (`log_to_wandb`)."""
-    runs = [load_run(path) for path in find_runs([Path(d) for d in directories])]
-    _drop_shared_label_parts(runs)
     output = Path(output) if output else Path(directories[0]) / "compare.png"
+    check_output(output)
+    runs = [load_run(path) for path in find_runs([Path(d) for d in directories])]
+    for run in runs:
+        if not run.series.get(LOSS):
+            log.warning(f"{run.path / FILE_NAME} has no logged {LOSS} yet: left out of the comparison")
+    runs = [run for run in runs if run.series.get(LOSS)]
+    if not runs:
+        where = " ".join(str(d) for d in directories)
+        raise ConfigError(f"no run under {where} has logged {LOSS} yet: nothing to compare")
+    _drop_shared_label_parts(runs)
     plot(runs, output)
     table = markdown_table(runs)
     output.with_suffix(".md").write_text(table)
