@@ -281,3 +281,79 @@ def test_gpt2_initialisation():
     batch = collate_packed(chunks_of(documents([9, 12])))
     with torch.no_grad():
         torch.testing.assert_close(model(batch), model.hidden_states(batch) @ model.wte.weight.T)
+
+
+# --- validation and eval: the chunked loss, memory independent of vocabulary x microbatch -----------
+
+
+class _LargestLogits(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the most rows of any tensor an op produces whose last dimension is the vocabulary."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.rows = vocab, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == self.vocab:
+                self.rows = max(self.rows, t.numel() // self.vocab)
+        return out
+
+
+def gpt2_vocab_model(max_seq_len=1024):
+    from pretrain.data.tokens import GPT2_VOCAB_SIZE
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=GPT2_VOCAB_SIZE, n_layer=1, n_head=2, d_model=16, max_seq_len=max_seq_len)
+    return GPT(config, attn="sdpa").eval()
+
+
+def test_validation_loss_without_gradients_is_chunked_and_equals_the_unchunked_one(monkeypatch):
+    from pretrain.model import loss as loss_module
+
+    model = small_model(dtype=torch.float32).eval()
+    batch = packed(chunks_of(documents(DOC_LENGTHS)))  # 213 rows
+    monkeypatch.setattr(loss_module, "EVAL_CHUNK_ELEMENTS", 50 * VOCAB)
+    assert loss_module.eval_chunk_rows(VOCAB) == 50 < batch.num_tokens < loss_module.LOSS_CHUNK_ROWS
+    with torch.no_grad():
+        logits = model(batch)  # the unchunked reference
+        reference = F.cross_entropy(logits, batch.targets, ignore_index=IGNORE_INDEX, reduction="none")
+        with _LargestLogits(VOCAB) as seen:
+            whole = model.loss(batch, denominator=batch.num_targets)  # what validation_loss calls
+            per_token = model.token_losses(batch)  # what pretrain eval sums
+    assert seen.rows == 50  # five chunks of at most 50 rows (training would take one of 213)
+    torch.testing.assert_close(per_token, reference, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(whole, reference.sum() / batch.num_targets, rtol=1e-6, atol=1e-6)
+
+
+def test_largest_logits_of_an_8192_token_validation_batch_are_bounded_by_the_chunk():
+    from conftest import policy_cfg
+
+    from pretrain.data.evaluation import evaluation_batches
+    from pretrain.data.tokens import GPT2_VOCAB_SIZE
+    from pretrain.evaluate import evaluate
+    from pretrain.model import loss as loss_module
+
+    model = gpt2_vocab_model()
+    bound = loss_module.eval_chunk_rows(GPT2_VOCAB_SIZE)
+    settings = policy_cfg("bestfit", "data.max_seq_len=1024", "train.eval_microbatch_tokens=8192")
+    split = TokenSplit.from_lengths(np.full(8, 1025), name="validation", seed=1)  # 8 full packs
+    (batch,) = list(evaluation_batches(settings, split))
+    assert batch.num_tokens == 8192
+    with torch.no_grad():
+        rows = bound + 64  # the detector sees a head over more rows than a chunk
+        with _LargestLogits(GPT2_VOCAB_SIZE) as seen:
+            hidden = model.hidden_states(batch)[:rows]
+            loss_module.token_cross_entropy(hidden, model.wte.weight, batch.targets[:rows], chunk_rows=rows)
+        assert seen.rows == rows
+        with _LargestLogits(GPT2_VOCAB_SIZE) as seen:
+            loss = model.loss(batch, denominator=batch.num_targets)  # training's validation_loss
+        assert 0 < seen.rows <= bound < 8192
+    assert abs(float(loss) - math.log(GPT2_VOCAB_SIZE)) < 0.5  # an untrained model: near uniform
+    # pretrain eval (evaluate.py) goes through the same chunked loss: 2048-token microbatches here.
+    two = TokenSplit.from_lengths([1025, 1025], name="validation", seed=2)
+    settings = policy_cfg("bestfit", "data.max_seq_len=1024", "train.eval_microbatch_tokens=2048")
+    with _LargestLogits(GPT2_VOCAB_SIZE) as seen:
+        result = evaluate(model, two, settings, np.ones(GPT2_VOCAB_SIZE, dtype=np.int64))
+    assert 0 < seen.rows <= bound < 2048 and result.targets == 2048
