@@ -15,6 +15,7 @@ one update too far: a resume from it would silently skip an update.
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -33,6 +34,7 @@ from ..data.tokens import TokenSplit
 from ..errors import CheckpointError, ConfigError
 
 STATE_FORMAT = 1
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -117,6 +119,13 @@ class PretrainDataModule(L.LightningDataModule):
                 world_size=world,
             )
             self._validation_units = evaluation_units(self.policy, self.validation_chunks)
+            if rank == 0 and not self.has_validation:
+                log.warning(
+                    f"the validation split of {self.cache.directory} has no prediction pairs "
+                    "(split.validation_fraction=0, budget.validation_tokens=0 or too few documents): "
+                    "no validation runs and val/loss is not logged; set split.validation_fraction "
+                    "above 0 (e.g. 0.05) to validate"
+                )
 
     def validation_batches(self) -> Iterator[PackedBatch]:
         """This rank's validation batches: the same pairs for every policy (data/evaluation.py)."""

@@ -1,13 +1,30 @@
 """Progress while training: the Rich bar on a terminal, a plain line per log step otherwise (SLURM
-logs, `make train > log`), where a bar would print nothing readable."""
+logs, `make train > log`), where a bar would print nothing readable; and, before anything is built, a
+warning when a CPU run would take far too long (`warn_if_slow_on_cpu`)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 
 import lightning as L
+import numpy as np
 from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from ..config import Config
+from ..data.policies import PolicySettings
+from ..model import GPTConfig
+from ..model.flops import training_flops
+from .checks import training_device
+
+log = logging.getLogger(__name__)
+
+CPU_FLOPS = 1e11
+"""FLOP/s a CPU sustains training in fp32, roughly (the tiny model ran at ~8e10 on 2 cores here)."""
+SLOW_STEP_SECONDS = 5.0
+"""A CPU run whose optimizer step would take longer than this (at CPU_FLOPS) gets a warning."""
 
 
 class StepProgressBar(RichProgressBar):
@@ -68,3 +85,36 @@ def progress_callbacks(enabled: bool, every: int, interactive: bool | None = Non
         return []
     interactive = sys.stdout.isatty() if interactive is None else interactive
     return [StepProgressBar()] if interactive else [TextProgress(every)]
+
+
+def step_flops(model: GPTConfig, policy: PolicySettings) -> float:
+    """Model FLOPs of one optimizer update at most: every row of every microbatch full."""
+    rows = policy.batch_size * policy.accumulation
+    return training_flops(model, np.full(rows, policy.max_seq_len))
+
+
+def cpu_speed_warning(
+    model: GPTConfig, name: str, policy: PolicySettings, max_steps: int, flops_per_second: float = CPU_FLOPS
+) -> str | None:
+    """One line when an update of this model would take more than SLOW_STEP_SECONDS on a CPU."""
+    flops = step_flops(model, policy)
+    seconds = flops / flops_per_second
+    if seconds <= SLOW_STEP_SECONDS:
+        return None
+    tokens = policy.batch_size * policy.accumulation * policy.max_seq_len
+    return (
+        f"model={name} on the CPU will be very slow: {flops / 1e12:.1f} TFLOP per optimizer step "
+        f"({tokens:,} tokens), about {_duration(seconds)} per step and {_duration(seconds * max_steps)} "
+        f"for train.max_steps={max_steps} at the ~{flops_per_second / 1e9:.0f} GFLOP/s a CPU sustains; "
+        "use trainer=gpu, or model=tiny for a CPU run"
+    )
+
+
+@rank_zero_only
+def warn_if_slow_on_cpu(config: Config, model: GPTConfig, policy: PolicySettings) -> None:
+    """The run's entry calls this once, before anything is built (rank zero only)."""
+    if training_device(config.trainer) != "cpu":
+        return
+    message = cpu_speed_warning(model, config.model.name, policy, config.train.max_steps)
+    if message:
+        log.warning(message)

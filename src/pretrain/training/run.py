@@ -28,7 +28,7 @@ from .checks import attention_backend, check_checkpoint
 from .datamodule import PretrainDataModule
 from .loggers import DataStatistics, MetricsStart, build_loggers, finish_loggers
 from .module import PretrainModule
-from .progress import StepProgressBar, progress_callbacks
+from .progress import StepProgressBar, progress_callbacks, warn_if_slow_on_cpu
 from .recorder import BatchRecorder
 
 _NOISE = ("litlogger", "`weights_only` was not set", "LeafSpec")
@@ -96,6 +96,7 @@ class RunSettings:
         policy = PolicySettings.from_config(config.data, config.train, config.seed)
         backend = attention_backend(config.attn, config.trainer)
         model = GPTConfig.from_settings(config.model)
+        warn_if_slow_on_cpu(config, model, policy)  # e.g. model=gpt2-small on trainer=cpu
         if config.model.init_from and not config.ckpt_path:
             from ..hf import check_init_from
 
