@@ -1,0 +1,271 @@
+"""numba kernels of the two best-fit planners (packing.py imports this module only when numba is
+importable; its pure-Python reference implementations give exactly the same packs).
+
+Compiled on first use and cached on disk (`cache=True`: beside this file when writable, else numba's
+per-user cache; `NUMBA_CACHE_DIR` moves it). Every array is numpy; no Python object per item.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# A three-level bitset over keys 0..MAX_KEY (32-bit words held in int64: no sign or overflow
+# trouble): level 0 has a bit per key, level 1 a bit per non-empty level-0 word, level 2 (one word)
+# a bit per non-empty level-1 word. Finding the nearest set key above or below a point is a few
+# word operations (de Bruijn bit scans), whatever the number of keys set.
+MAX_KEY = 32**3 - 1
+_DEBRUIJN = 0x077CB531
+_CTZ = np.array(
+    [0, 1, 28, 2, 29, 14, 24, 3, 30, 22, 20, 15, 25, 17, 4, 8, 31, 27, 13, 23, 21, 19, 16, 7, 26, 12, 18, 6]
+    + [11, 5, 10, 9],
+    dtype=np.int64,
+)
+_WORD = 0xFFFFFFFF
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _ctz(m):
+    """Index of the lowest set bit of a non-zero 32-bit value."""
+    return _CTZ[(((m & -m) * _DEBRUIJN) & _WORD) >> 27]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _msb(v):
+    """Index of the highest set bit of a non-zero 32-bit value."""
+    v |= v >> 1
+    v |= v >> 2
+    v |= v >> 4
+    v |= v >> 8
+    v |= v >> 16
+    return _ctz(v ^ (v >> 1))
+
+
+@njit(cache=True, nogil=True)
+def new_bitset(max_key):
+    """(level 0, level 1, level 2) for keys 0..max_key (<= MAX_KEY)."""
+    words = (max_key >> 5) + 1
+    return (
+        np.zeros(words, dtype=np.int64),
+        np.zeros((words >> 5) + 1, dtype=np.int64),
+        np.zeros(1, dtype=np.int64),
+    )
+
+
+@njit(cache=True, nogil=True)
+def bit_set(b0, b1, b2, key):
+    w0 = key >> 5
+    b0[w0] |= 1 << (key & 31)
+    b1[w0 >> 5] |= 1 << (w0 & 31)
+    b2[0] |= 1 << (w0 >> 5)
+
+
+@njit(cache=True, nogil=True)
+def bit_clear(b0, b1, b2, key):
+    w0 = key >> 5
+    b0[w0] &= ~(1 << (key & 31))
+    if b0[w0] == 0:
+        w1 = w0 >> 5
+        b1[w1] &= ~(1 << (w0 & 31))
+        if b1[w1] == 0:
+            b2[0] &= ~(1 << w1)
+
+
+@njit(cache=True, nogil=True)
+def bit_at_most(b0, b1, b2, key):
+    """The largest set key <= key, or -1."""
+    w0 = key >> 5
+    m = b0[w0] & ((2 << (key & 31)) - 1)
+    if m:
+        return (w0 << 5) | _msb(m)
+    w1 = w0 >> 5
+    m = b1[w1] & ((1 << (w0 & 31)) - 1)
+    if m:
+        w = (w1 << 5) | _msb(m)
+        return (w << 5) | _msb(b0[w])
+    m = b2[0] & ((1 << w1) - 1)
+    if m:
+        v = _msb(m)
+        w = (v << 5) | _msb(b1[v])
+        return (w << 5) | _msb(b0[w])
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def bit_at_least(b0, b1, b2, key):
+    """The smallest set key >= key, or -1 (key <= the bitset's max_key)."""
+    w0 = key >> 5
+    m = (b0[w0] >> (key & 31)) << (key & 31)
+    if m:
+        return (w0 << 5) | _ctz(m)
+    w1 = w0 >> 5
+    shift = (w0 & 31) + 1
+    m = (b1[w1] >> shift) << shift
+    if m:
+        w = (w1 << 5) | _ctz(m)
+        return (w << 5) | _ctz(b0[w])
+    shift = w1 + 1
+    m = (b2[0] >> shift) << shift
+    if m:
+        v = _ctz(m)
+        w = (v << 5) | _ctz(b1[v])
+        return (w << 5) | _ctz(b0[w])
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def best_fit_buffered_kernel(lengths, capacity, buffer):
+    """Per-length FIFO queues of the buffered positions (a position enters its queue in order, so
+    the head is the earliest of its length) and a max segment tree over lengths 1..capacity whose
+    leaf l holds l while its queue is not empty: the longest buffered item that fits `space` is
+    the max over leaves 0..space."""
+    n = lengths.shape[0]
+    b0, b1, b2 = new_bitset(capacity)
+    head = np.full(capacity + 1, -1, dtype=np.int32)
+    tail = np.full(capacity + 1, -1, dtype=np.int32)
+    after = np.full(n, -1, dtype=np.int32)  # next position in the same length's queue
+    seq = np.empty(n, dtype=np.int64)
+    ptr = np.empty(n + 1, dtype=np.int64)
+    ptr[0] = 0
+    queued = 0
+    nxt = 0
+    while nxt < n and nxt < buffer:
+        length = lengths[nxt]
+        if head[length] < 0:
+            head[length] = nxt
+            bit_set(b0, b1, b2, length)
+        else:
+            after[tail[length]] = nxt
+        tail[length] = nxt
+        nxt += 1
+        queued += 1
+    taken = 0
+    packs = 0
+    while queued > 0:
+        space = capacity
+        while True:
+            length = bit_at_most(b0, b1, b2, space)
+            if length <= 0:
+                break
+            item = head[length]
+            head[length] = after[item]
+            if head[length] < 0:
+                bit_clear(b0, b1, b2, length)
+            seq[taken] = item
+            taken += 1
+            queued -= 1
+            space -= length
+            if nxt < n:
+                length = lengths[nxt]
+                if head[length] < 0:
+                    head[length] = nxt
+                    bit_set(b0, b1, b2, length)
+                else:
+                    after[tail[length]] = nxt
+                tail[length] = nxt
+                nxt += 1
+                queued += 1
+            if space == 0:
+                break
+        packs += 1
+        ptr[packs] = taken
+    return seq, ptr[: packs + 1].copy()
+
+
+@njit(cache=True, nogil=True)
+def heap_meld(a, b, child, sibling):
+    """Pairing heap (min by pack id): the root with the larger id becomes the other's first child."""
+    if b < a:
+        a, b = b, a
+    sibling[b] = child[a]
+    child[a] = b
+    return a
+
+
+@njit(cache=True, nogil=True)
+def heap_pop(root, space, child, sibling, stack):
+    """Pop the smallest pack id of the heap at `space` (two-pass pairing of the root's children)."""
+    top = root[space]
+    c = child[top]
+    m = 0
+    while c >= 0:
+        a = c
+        b = sibling[a]
+        if b < 0:
+            sibling[a] = -1
+            stack[m] = a
+            m += 1
+            break
+        c = sibling[b]
+        sibling[a] = -1
+        sibling[b] = -1
+        stack[m] = heap_meld(a, b, child, sibling)
+        m += 1
+    if m == 0:
+        root[space] = -1
+    else:
+        merged = stack[m - 1]
+        for k in range(m - 2, -1, -1):
+            merged = heap_meld(stack[k], merged, child, sibling)
+        root[space] = merged
+    child[top] = -1
+    return top
+
+
+@njit(cache=True, nogil=True)
+def best_fit_decreasing_kernel(lengths, capacity):
+    """Longest first (a counting sort: ties keep the lower index first); a bitset of the remaining
+    spaces that some open pack has finds the smallest sufficient space, and a pairing heap of pack
+    ids per space gives the pack opened first."""
+    n = lengths.shape[0]
+    counts = np.zeros(capacity + 1, dtype=np.int64)
+    for i in range(n):
+        counts[lengths[i]] += 1
+    first = np.zeros(capacity + 1, dtype=np.int64)
+    acc = 0
+    for length in range(capacity, 0, -1):
+        first[length] = acc
+        acc += counts[length]
+    order = np.empty(n, dtype=np.int32)
+    for i in range(n):
+        length = lengths[i]
+        order[first[length]] = i
+        first[length] += 1
+    b0, b1, b2 = new_bitset(capacity)
+    root = np.full(capacity + 1, -1, dtype=np.int32)
+    child = np.full(n, -1, dtype=np.int32)
+    sibling = np.full(n, -1, dtype=np.int32)
+    stack = np.empty(n, dtype=np.int32)
+    pack_of = np.empty(n, dtype=np.int32)  # pack of the j-th item taken
+    packs = 0
+    for j in range(n):
+        length = lengths[order[j]]
+        space = bit_at_least(b0, b1, b2, length)  # the smallest sufficient space
+        if space > 0:
+            pack = heap_pop(root, space, child, sibling, stack)
+            if root[space] < 0:
+                bit_clear(b0, b1, b2, space)
+        else:
+            space = capacity
+            pack = packs
+            packs += 1
+        pack_of[j] = pack
+        left = space - length
+        if left:
+            if root[left] < 0:
+                root[left] = pack
+                bit_set(b0, b1, b2, left)
+            else:
+                root[left] = heap_meld(root[left], pack, child, sibling)
+    ptr = np.zeros(packs + 1, dtype=np.int64)
+    for j in range(n):
+        ptr[pack_of[j] + 1] += 1
+    for p in range(packs):
+        ptr[p + 1] += ptr[p]
+    fill = ptr[:-1].copy()
+    items = np.empty(n, dtype=np.int64)
+    for j in range(n):  # items of a pack in the order they went in
+        p = pack_of[j]
+        items[fill[p]] = order[j]
+        fill[p] += 1
+    return items, ptr

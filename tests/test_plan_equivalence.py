@@ -1,0 +1,103 @@
+"""The fast planners (numba kernels) give exactly the packs of the pure-Python reference
+implementations: the same items, in the same order, in the same packs, ties included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pretrain.data import packing
+from pretrain.data.packing import (
+    _best_fit_buffered_reference,
+    _best_fit_decreasing_reference,
+    best_fit_buffered,
+    best_fit_decreasing,
+)
+from pretrain.data.synthetic import fineweb_like_lengths
+
+pytest.importorskip("numba")
+
+# Capacities around the kernels' bitset word boundaries (32 keys a word, 32 words a block) and
+# the real context lengths.
+EDGE_CAPACITIES = [1, 2, 31, 32, 33, 63, 64, 65, 1023, 1024, 1025, 2048, 4096, 32767]
+
+
+def assert_same(fast, reference):
+    (items, ptr), (want_items, want_ptr) = fast, reference
+    assert items.dtype == ptr.dtype == np.int64
+    np.testing.assert_array_equal(ptr, want_ptr)
+    np.testing.assert_array_equal(items, want_items)
+
+
+@st.composite
+def lengths_and_capacity(draw, max_size=300):
+    capacity = draw(st.one_of(st.sampled_from(EDGE_CAPACITIES), st.integers(1, 200)))
+    if draw(st.booleans()):  # few distinct values: many ties
+        values = draw(st.lists(st.integers(1, capacity), min_size=1, max_size=4))
+        lengths = draw(st.lists(st.sampled_from(values), max_size=max_size))
+    else:
+        lengths = draw(st.lists(st.integers(1, capacity), max_size=max_size))
+    return np.array(lengths, dtype=np.int64), capacity
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=lengths_and_capacity(), buffer=st.one_of(st.integers(1, 80), st.sampled_from([1000, 10**9])))
+def test_best_fit_buffered_matches_the_reference(case, buffer):
+    lengths, capacity = case
+    assert_same(
+        best_fit_buffered(lengths, capacity, buffer), _best_fit_buffered_reference(lengths, capacity, buffer)
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=lengths_and_capacity())
+def test_best_fit_decreasing_matches_the_reference(case):
+    lengths, capacity = case
+    assert_same(best_fit_decreasing(lengths, capacity), _best_fit_decreasing_reference(lengths, capacity))
+
+
+@pytest.mark.parametrize("capacity", [1024, 4096])
+def test_fineweb_like_epoch_matches_the_reference(capacity):
+    """~60k chunks of FineWeb-like documents (most lengths distinct, full chunks tied), shuffled."""
+    from pretrain.data.chunking import chunk_table
+
+    lengths = fineweb_like_lengths(50_000, seed=capacity)
+    table = chunk_table(np.zeros(len(lengths), dtype=np.int64), lengths, capacity)
+    shuffled = table.length[np.random.default_rng(0).permutation(len(table))]
+    for buffer in (1, 64, 512):
+        assert_same(
+            best_fit_buffered(shuffled, capacity, buffer),
+            _best_fit_buffered_reference(shuffled, capacity, buffer),
+        )
+    assert_same(
+        best_fit_decreasing(table.length, capacity), _best_fit_decreasing_reference(table.length, capacity)
+    )
+
+
+def test_without_numba_the_reference_runs(monkeypatch):
+    lengths = np.array([5, 3, 8, 1, 1, 4, 7], dtype=np.int64)
+    assert packing.numba_kernels() is not None
+    monkeypatch.setenv("PRETRAIN_NO_NUMBA", "1")
+    assert packing.numba_kernels() is None
+    calls = []
+
+    def spy(reference):
+        def wrapped(*args):
+            calls.append(reference.__name__)
+            return reference(*args)
+
+        return wrapped
+
+    monkeypatch.setattr(packing, "_best_fit_buffered_reference", spy(_best_fit_buffered_reference))
+    monkeypatch.setattr(packing, "_best_fit_decreasing_reference", spy(_best_fit_decreasing_reference))
+    assert_same(best_fit_buffered(lengths, 8, 3), _best_fit_buffered_reference(lengths, 8, 3))
+    assert_same(best_fit_decreasing(lengths, 8), _best_fit_decreasing_reference(lengths, 8))
+    assert calls == ["_best_fit_buffered_reference", "_best_fit_decreasing_reference"]
+
+
+def test_capacity_beyond_the_kernels_bitset_uses_the_reference():
+    lengths = np.array([40_000, 1, 39_999, 2], dtype=np.int64)
+    assert_same(best_fit_decreasing(lengths, 40_000), _best_fit_decreasing_reference(lengths, 40_000))
+    assert_same(best_fit_buffered(lengths, 40_000, 2), _best_fit_buffered_reference(lengths, 40_000, 2))
