@@ -56,12 +56,14 @@ def _cache_spec(overrides: list[str]):
 
 
 def cmd_prepare(overrides: list[str]) -> int:
-    from .data.prepare import prepare_cache
+    from .config import load_config, to_config
+    from .prepare_tasks import run_prepare
 
-    _, spec = _cache_spec(overrides)
-    cache = prepare_cache(spec)
-    Console().print(counts_table(cache))
-    print(cache.directory)
+    config = to_config(load_config(overrides))
+    path, cache = run_prepare(config)  # a task (prepare.task=i) prints its part file instead
+    if cache is not None:
+        Console().print(counts_table(cache))
+    print(path)
     return 0
 
 

@@ -68,6 +68,12 @@ class AttnBackend(StrEnum):
     varlen = "varlen"
 
 
+class Encoder(StrEnum):
+    auto = "auto"
+    tiktoken = "tiktoken"
+    tokenizers = "tokenizers"
+
+
 class LoggerKind(StrEnum):
     csv = "csv"
     wandb = "wandb"
@@ -149,6 +155,25 @@ class BudgetConfig:
 class CacheConfig:
     rebuild: bool = False
     """rebuild a cache that fails verification instead of stopping"""
+
+
+@dataclass
+class PrepareConfig:
+    num_proc: int | None = None
+    """prepare worker processes; null = the usable cores (small local sources: one); the cache is the same"""
+    encoder: Encoder = Encoder.auto
+    """GPT-2 ids of document bodies: auto (tiktoken when it fits the files, else tokenizers); same ids"""
+    tasks: int = 1
+    """prepare the source as this many tasks (one per shard, e.g. SLURM jobs), then assemble their parts"""
+    task: int | None = None
+    """with tasks > 1: encode only this shard (0..tasks-1) into the staging dir; null = assemble the cache"""
+
+    def __post_init__(self) -> None:
+        _at_least("prepare.num_proc", self.num_proc, 1)
+        _at_least("prepare.tasks", self.tasks, 1)
+        task, tasks = self.task, self.tasks
+        if isinstance(task, int) and isinstance(tasks, int) and not 0 <= task < tasks:
+            raise ConfigError(f"prepare.task={task!r} must be in 0..{tasks - 1} (prepare.tasks={tasks})")
 
 
 @dataclass
@@ -301,6 +326,7 @@ class Config:
     split: SplitConfig = field(default_factory=SplitConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
     data: DataConfig = field(default_factory=DataConfig)
     attn: AttnConfig = field(default_factory=AttnConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

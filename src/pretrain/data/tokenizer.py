@@ -169,3 +169,129 @@ def token_byte_lengths(files: TokenizerFiles, vocab_size: int) -> np.ndarray:
         if index < vocab_size and token != EOS_TEXT:
             lengths[index] = sum(1 for char in token if char in decoder)
     return lengths
+
+
+# --- the fast encoder of document bodies ---------------------------------------------------------
+
+# GPT-2's pre-tokenizer pattern as tiktoken writes it (tiktoken_ext.openai_public.r50k_pat_str): the
+# same splits as `tokenizers`' ByteLevel pattern ('s|'t|...| ?\p{L}+|...|\s+(?!\S)|\s+), possessive.
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+ENCODERS = ("auto", "tiktoken", "tokenizers")
+
+
+def _gpt2_mergeable_ranks(files: TokenizerFiles) -> dict[bytes, int]:
+    """tiktoken's ranks from the local vocabulary and merges (tiktoken.load.data_gym_to_mergeable_bpe_ranks
+    without its download cache, which keys local paths by name and would serve a changed file stale).
+
+    Raises ValueError unless the files are byte-level BPE whose vocabulary is the merges in rank order.
+    """
+    decoder = _byte_decoder()
+    ranks = {bytes([b]): i for i, b in enumerate(decoder[c] for c in sorted(decoder, key=_rank_of_char))}
+    lines = files.merges.read_text(encoding="utf-8").split("\n")
+    for line in lines:
+        if not line.strip() or line.startswith("#version"):
+            continue
+        parts = line.split()
+        if len(parts) != 2 or any(c not in decoder for c in parts[0] + parts[1]):
+            raise ValueError(f"{files.merges}: {line!r} is not a byte-level BPE merge")
+        ranks[bytes(decoder[c] for c in parts[0] + parts[1])] = len(ranks)
+    vocab = json.loads(files.vocab.read_text(encoding="utf-8"))
+    loaded = {}
+    for token, index in vocab.items():
+        if token in (EOS_TEXT, "<|startoftext|>"):
+            continue
+        if any(c not in decoder for c in token):
+            raise ValueError(f"{files.vocab}: {token!r} is not a byte-level token")
+        loaded[bytes(decoder[c] for c in token)] = index
+    if loaded != ranks:
+        raise ValueError(f"{files.vocab} does not list the merges of {files.merges} in rank order")
+    return ranks
+
+
+def _rank_of_char(char: str) -> tuple[int, int]:
+    """GPT-2's single-byte tokens come first in printable-byte order, then the remapped ones."""
+    code = ord(char)
+    return (1, code) if code >= 256 else (0, code)
+
+
+class Encoder:
+    """Document bodies to ids (no special tokens: a literal "<|endoftext|>" is text), as flat arrays."""
+
+    name = "base"
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(uint32 ids of all texts concatenated, int64 length of each)."""
+        raise NotImplementedError
+
+
+class TiktokenEncoder(Encoder):
+    """tiktoken's Rust BPE built from the local GPT-2 files (nothing downloaded): the same ids as
+    `tokenizers`, ~3x faster, returned as numpy buffers (no Python int per token)."""
+
+    name = "tiktoken"
+
+    def __init__(self, files: TokenizerFiles):
+        import tiktoken
+
+        ranks = _gpt2_mergeable_ranks(files)
+        self.encoding = tiktoken.Encoding(
+            name=f"gpt2-local-{files.origin}",
+            pat_str=GPT2_PATTERN,
+            mergeable_ranks=ranks,
+            special_tokens={EOS_TEXT: EOS_TOKEN_ID},
+            explicit_n_vocab=EOS_TOKEN_ID + 1,
+        )
+        self._core = self.encoding._core_bpe  # encode_to_tiktoken_buffer: the ids as a uint32 buffer
+        self._none: set[str] = set()
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        arrays = []
+        for text in texts:
+            try:  # allowed_special empty: "<|endoftext|>" in a document is ordinary text
+                buffer = self._core.encode_to_tiktoken_buffer(text, self._none)
+            except UnicodeEncodeError:  # lone surrogates: what tiktoken itself does (and tokenizers)
+                text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+                buffer = self._core.encode_to_tiktoken_buffer(text, self._none)
+            arrays.append(np.frombuffer(buffer, dtype=np.uint32))
+        lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        ids = np.concatenate(arrays) if arrays else np.zeros(0, np.uint32)
+        return ids, lengths
+
+
+class TokenizersEncoder(Encoder):
+    """The reference: `tokenizers`' byte-level BPE (any vocabulary/merges files with EOS at 50256)."""
+
+    name = "tokenizers"
+
+    def __init__(self, files: TokenizerFiles):
+        self.tokenizer = build_tokenizer(files, special_tokens=False)
+        # The same ids without the character offsets, which the cache does not keep: ~20% faster.
+        self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        encodings = self._encode_batch(texts, add_special_tokens=False)
+        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+        ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.uint32, count=int(lengths.sum()))
+        return ids, lengths
+
+
+def build_encoder(files: TokenizerFiles, choice: str = "auto") -> tuple[Encoder, str | None]:
+    """The encoder of document bodies and, when `auto` had to fall back, a one-line notice why.
+
+    `auto` = tiktoken when it is importable and the files are byte-level GPT-2 BPE (tiktoken gives the
+    same ids there), else `tokenizers`. The choice never changes the cache: the ids are the same.
+    """
+    if choice not in ENCODERS:
+        raise TokenizerError(f"prepare.encoder={choice!r} is not one of {', '.join(ENCODERS)}")
+    if choice == "tokenizers":
+        return TokenizersEncoder(files), None
+    try:
+        return TiktokenEncoder(files), None
+    except (ImportError, ValueError, AssertionError, KeyError) as error:
+        if choice == "tiktoken":
+            raise TokenizerError(
+                f"prepare.encoder=tiktoken cannot encode with {files.vocab.name}/{files.merges.name} "
+                f"({type(error).__name__}: {error}); use prepare.encoder=auto or tokenizers"
+            ) from error
+        reason = "tiktoken is not installed" if isinstance(error, ImportError) else str(error)
+        return TokenizersEncoder(files), f"prepare: encoding with `tokenizers` ({reason})"

@@ -1,0 +1,79 @@
+"""`pretrain prepare` as a function, and as a Hydra app for preparing a corpus as many tasks.
+
+One machine: `pretrain prepare` (`prepare.num_proc` worker processes). Many machines: one task per
+shard of the source on an existing launcher (Hydra multirun, e.g. SLURM through submitit), then one
+assembly that writes the same cache a single machine would have written and verifies it:
+
+    python -m pretrain.prepare_tasks --multirun hydra/launcher=slurm_prepare \\
+        prepare.tasks=8 'prepare.task=range(8)' source=local 'source.files=[/data/fineweb]'
+    pretrain prepare prepare.tasks=8 source=local 'source.files=[/data/fineweb]'     # assemble
+
+Each task writes its part file (the digests, tokens and source order of its shard's documents)
+atomically into `<cache_root>/.<key>.parts-<tasks>/`; the assembly reads them in source order, applies
+dedup and budgets exactly as a one-machine build, and removes the staging directory once the cache
+verified. `pretrain prepare prepare.tasks=8 prepare.task=3` runs one task by hand.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import hydra
+from omegaconf import DictConfig
+
+from .config import CONFIG_NAME, config_dir, register_schema
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .data.cache import Cache
+
+
+def run_prepare(config: Config, *, progress: bool = True) -> tuple[Path, Cache | None]:
+    """Build or verify the cache of `config` (or, with prepare.task set, encode that task's shard).
+
+    Returns (the cache directory, the cache), or (the task's part file, None) for a task.
+    """
+    from .data.build import PrepareSettings, prepare_settings, prepare_task, staging_dir
+    from .data.cache import CacheSpec, verify_cache
+    from .data.prepare import prepare_cache
+
+    settings = PrepareSettings.from_config(config.prepare)
+    spec = CacheSpec.from_config(config)
+    with prepare_settings(settings):
+        if settings.tasks > 1 and settings.task is not None:
+            return prepare_task(spec, settings, progress=progress), None
+        cache = prepare_cache(spec, progress=progress)
+    staging = staging_dir(spec, settings.tasks)
+    if settings.tasks > 1 and staging.exists():
+        verify_cache(cache.directory, spec.identity)  # every sha256 and the index, after assembly
+        shutil.rmtree(staging, ignore_errors=True)
+    return cache.directory, cache
+
+
+def _register() -> None:
+    register_schema()
+    try:  # the run-directory resolver conf/train.yaml may use (registered by train.py too)
+        from .training.preemption import register_run_dir_resolver
+    except ImportError:
+        return
+    register_run_dir_resolver()
+
+
+_register()
+
+
+@hydra.main(config_path=str(config_dir()), config_name=CONFIG_NAME, version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from .config import to_config
+    from .errors import exit_on_user_error
+
+    with exit_on_user_error():
+        path, _ = run_prepare(to_config(cfg), progress=sys.stderr.isatty())
+    print(path, flush=True)
+
+
+if __name__ == "__main__":
+    main()
