@@ -290,13 +290,21 @@ class TrainConfig:
     """validation microbatches per rank; null = the whole validation split"""
     checkpoint_every_n_steps: int | None = 100
     """save a checkpoint every N optimizer steps; null = only last.ckpt at the end"""
+    keep_checkpoints: int | None = 3
+    """periodic checkpoints kept (the newest N by step) besides last.ckpt; null = keep every one"""
     log_every_n_steps: int = 5
     """write metrics every N optimizer steps (validation steps always)"""
     deterministic: bool = False
     """torch deterministic algorithms (slower; restored after the run)"""
 
     def __post_init__(self) -> None:
-        for key in ("max_steps", "val_every_n_steps", "checkpoint_every_n_steps", "log_every_n_steps"):
+        for key in (
+            "max_steps",
+            "val_every_n_steps",
+            "checkpoint_every_n_steps",
+            "keep_checkpoints",
+            "log_every_n_steps",
+        ):
             _at_least(f"train.{key}", getattr(self, key), 1)
         _at_least("train.warmup_steps", self.warmup_steps, 0)
         if _is_set(self.lr) and not self.lr > 0:
@@ -314,7 +322,7 @@ class Config:
     cache_root: str = "data-cache"
     """where caches live (env PRETRAIN_CACHE_ROOT overrides)"""
     ckpt_path: str | None = None
-    """resume model, optimizer and sampler state from this checkpoint"""
+    """resume model, optimizer and sampler state from this checkpoint; auto = the run dir's newest valid"""
     output_dir: str | None = None
     """run directory outside @hydra.main (tests, notebooks); under Hydra its run dir is used"""
     record_batches: bool = False

@@ -11,6 +11,7 @@ from ..config import AttnConfig, TrainerConfig
 from ..errors import CheckpointError, ConfigError
 from ..model import GPTConfig
 from ..model.attention import check_backend, resolve_backend
+from .checkpoints import load_checkpoint, verify_checkpoint
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16, "fp16": torch.float16}
 
@@ -44,14 +45,20 @@ def attention_backend(attn: AttnConfig, trainer: TrainerConfig) -> str:
     return resolve_backend(requested, device)
 
 
-def check_checkpoint(path: str | None, max_seq_len: int, model: GPTConfig, cache_key: str) -> None:
-    """A checkpoint from another model size, context length or cache cannot be resumed."""
+def check_checkpoint(
+    path: str | None, max_seq_len: int, model: GPTConfig, cache_key: str, max_steps: int | None = None
+) -> None:
+    """A checkpoint that is corrupt, from another model size, context length or cache, or already at
+    train.max_steps cannot be resumed: refused before any heavy work, naming the file."""
     if not path:
         return
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise CheckpointError(f"ckpt_path={path} does not exist")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    saved = checkpoint.get("hyper_parameters", {})
+    verify_checkpoint(path)  # sha256 against its record; a copy without one loads with a warning
+    checkpoint = load_checkpoint(path)
+    saved = checkpoint.get("hyper_parameters")
+    if not isinstance(saved, dict) or "model" not in saved:
+        raise CheckpointError(f"ckpt_path={path} is not a checkpoint of this trainer (no model settings)")
     if int(saved.get("max_seq_len", -1)) != max_seq_len:
         raise CheckpointError(
             f"ckpt_path={path} was trained with data.max_seq_len={saved.get('max_seq_len')}, "
@@ -70,4 +77,10 @@ def check_checkpoint(path: str | None, max_seq_len: int, model: GPTConfig, cache
         raise CheckpointError(
             f"ckpt_path={path} was trained on cache {saved.get('cache_key')}, this config gives {cache_key}: "
             "resume with the same source, tokenizer, split and budget settings"
+        )
+    step = int(checkpoint.get("global_step", 0))
+    if max_steps is not None and step >= max_steps:
+        raise ConfigError(
+            f"ckpt_path={path} is at step {step} and train.max_steps={max_steps}: nothing left to train; "
+            f"raise train.max_steps above {step} to continue"
         )

@@ -9,25 +9,31 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shlex
+import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from ..config import Config, to_config
 from ..data.cache import CacheSpec
 from ..data.policies import PolicySettings
+from ..errors import CheckpointError
 from ..model import GPTConfig
+from .checkpoints import AUTO, RecordedModelCheckpoint, VerifiedCheckpointIO, newest_valid_checkpoint
 from .checks import attention_backend, check_checkpoint
 from .datamodule import PretrainDataModule
 from .loggers import DataStatistics, MetricsStart, build_loggers, finish_loggers
 from .module import PretrainModule
+from .preemption import Preemption
 from .progress import StepProgressBar, progress_callbacks, warn_if_slow_on_cpu
 from .recorder import BatchRecorder
 
@@ -61,6 +67,11 @@ def quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*Experiment logs directory .* exists and is not empty.*")
     # A resumed run writes to its own new output directory; nothing of the old one's top-k applies.
     warnings.filterwarnings("ignore", message=".*The dirpath has changed from.*")
+    # ckpt_path=auto resumes into the run's own checkpoint folder; other checkpoint settings are fine.
+    warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
+    warnings.filterwarnings(
+        "ignore", message=".*callbacks used to create the checkpoint need to be provided.*"
+    )
 
 
 def _hydra_mode() -> str | None:
@@ -102,21 +113,65 @@ class RunSettings:
 
             check_init_from(config.model.init_from, model, config.model.extend_positions)
         cache = CacheSpec.from_config(config)
-        check_checkpoint(config.ckpt_path, policy.max_seq_len, model, cache.key)
-        return cls(config, policy, model, cache, backend, _output_dir(config.output_dir))
+        output_dir = _output_dir(config.output_dir)
+        if config.ckpt_path == AUTO:
+            config = replace(config, ckpt_path=_auto_checkpoint(output_dir))
+        check_checkpoint(config.ckpt_path, policy.max_seq_len, model, cache.key, config.train.max_steps)
+        return cls(config, policy, model, cache, backend, output_dir)
+
+
+def _is_rank_zero() -> bool:
+    """Before the Trainer exists: rank 0 by the launchers' environment (Lightning, torchrun, SLURM)."""
+    return all(os.environ.get(key, "0") == "0" for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID"))
+
+
+def _auto_checkpoint(output_dir: Path) -> str | None:
+    """`ckpt_path=auto`: the newest valid checkpoint of the run directory, or a fresh start."""
+    say = (lambda text: print(text, file=sys.stderr, flush=True)) if _is_rank_zero() else (lambda text: None)
+    found = newest_valid_checkpoint(output_dir, say=say)
+    if found is None:
+        say(f"ckpt_path=auto: no valid checkpoint in {output_dir / 'checkpoints'}, starting a new run")
+        return None
+    say(f"ckpt_path=auto: resuming from {found}")
+    return str(found)
+
+
+def _writable_checkpoint_dir(directory: Path) -> None:
+    """Fail before any heavy work when checkpoints cannot be written there (not after hours)."""
+    probe = directory / f".write-test-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise CheckpointError(
+            f"cannot write checkpoints to {directory}: {error.strerror or error}; make it a writable "
+            "directory or run elsewhere (hydra.run.dir=... or output_dir=...)"
+        ) from None
 
 
 def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
     t, trainer = config.train, config.trainer
     every = t.checkpoint_every_n_steps or 0
-    checkpoints = ModelCheckpoint(
+    # Periodic checkpoints: the newest train.keep_checkpoints (ranked by step); last.ckpt is written
+    # by train() when the run ends or is preempted. A stale file of the same name is replaced.
+    checkpoints = RecordedModelCheckpoint(
         dirpath=output_dir / "checkpoints",
         filename="step{step:06d}",
         auto_insert_metric_name=False,
         every_n_train_steps=every or None,
-        save_top_k=-1,
-        save_last=True,
+        every_n_epochs=0,
+        monitor="step",
+        mode="max",
+        save_top_k=-1 if t.keep_checkpoints is None else t.keep_checkpoints,
+        save_last=False,
+        enable_version_counter=False,
     )
+    # Every write is atomic, checked and recorded (sha256); under SLURM only our signal handling acts
+    # (Lightning's would save inside the handler and requeue on its own).
+    plugins: list = [VerifiedCheckpointIO()]
+    if SLURMEnvironment.detect():
+        plugins.append(SLURMEnvironment(auto_requeue=False))
     progress = progress_callbacks(config.progress_bar, t.log_every_n_steps)
     return L.Trainer(
         accelerator=trainer.accelerator,
@@ -135,6 +190,7 @@ def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
         # MetricsStart: a resume appends to metrics.csv after its checkpoint's step.
         callbacks=[checkpoints, *progress, DataStatistics(), MetricsStart(), *callbacks],
         default_root_dir=str(output_dir),
+        plugins=plugins,
         deterministic=t.deterministic,
         use_distributed_sampler=False,  # our samplers split packs over ranks themselves
         enable_model_summary=False,
@@ -147,7 +203,7 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
     quiet_lightning()
     run = RunSettings.from_config(cfg)
     config, output_dir = run.config, run.output_dir
-    output_dir.mkdir(parents=True, exist_ok=True)
+    _writable_checkpoint_dir(output_dir / "checkpoints")  # creates the run directory too
     L.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = PretrainDataModule(run.cache, run.policy)
     module = PretrainModule(
@@ -167,21 +223,28 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
         init_from(module.model, config.model.init_from, config.model.extend_positions)
     if config.record_batches:
         callbacks = [*callbacks, BatchRecorder(output_dir)]
-    trainer = build_trainer(config, output_dir, callbacks)
+    preemption = Preemption()  # SIGTERM, SIGUSR1, Ctrl-C: stop after the current update
+    trainer = build_trainer(config, output_dir, [*callbacks, preemption])
     started = time.perf_counter()
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
     finally:
+        preemption.restore()
         # Trainer(deterministic=True) flips a process-wide torch flag; later jobs in this process
         # (a multirun, a notebook) must not inherit it.
         torch.use_deterministic_algorithms(deterministic_before)
+    # The state after the last trained update (sampler included), checked and recorded when written.
     last = output_dir / "checkpoints" / "last.ckpt"
     trainer.save_checkpoint(last)
     assert datamodule.cache is not None
+    stopped_by = preemption.stopped_by
     summary = {
+        "status": "preempted" if stopped_by is not None else "completed",
+        "signal": stopped_by.name if stopped_by is not None else None,
+        "exit_code": preemption.exit_code,
         "output_dir": str(output_dir),
-        "checkpoint": str(last),
+        "checkpoint": str(last) if trainer.is_global_zero and last.exists() else None,
         "cache_dir": str(datamodule.cache.directory),
         "policy": run.policy.policy,
         "attn": run.attn_backend,
@@ -199,8 +262,8 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
         (output_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
         OmegaConf.save(OmegaConf.structured(config), output_dir / "config.yaml", resolve=True)
         # A single run under Hydra, and every W&B run, get their comparison plot (config.yaml first:
-        # the plot's label reads it).
-        if _hydra_mode() == "RUN" or config.logger.kind == "wandb":
+        # the plot's label reads it); not a preempted one: its grace time is short.
+        if (_hydra_mode() == "RUN" or config.logger.kind == "wandb") and stopped_by is None:
             from ..report.compare import compare
 
             plot = compare([output_dir], output=output_dir / "compare.png", quiet=True)
@@ -218,7 +281,31 @@ def report(summary: dict, plot: Path | None = None) -> None:
         console.print(f"comparison plot: {plot}")
     metrics = summary["metrics"]
     losses = ", ".join(f"{key} {metrics[key]:.3f}" for key in ("train/loss", "val/loss") if key in metrics)
-    console.print(f"[bold]done[/bold]: {summary['steps']} steps, {summary['tokens']:,} real tokens, {losses}")
-    console.print(
-        f"outputs: {output}\ncheckpoint: {summary['checkpoint']}\nmetrics: {output / 'metrics.csv'}"
+    status = (
+        "done" if summary.get("status", "completed") == "completed" else f"stopped by {summary['signal']}"
     )
+    console.print(
+        f"[bold]{status}[/bold]: {summary['steps']} steps, {summary['tokens']:,} real tokens, {losses}"
+    )
+    console.print(f"outputs: {output}")
+    checkpoint = summary.get("checkpoint")
+    if checkpoint and Path(checkpoint).is_file():  # never a line for a file that is not there
+        console.print(f"checkpoint: {checkpoint}")
+    console.print(f"metrics: {output / 'metrics.csv'}")
+    if summary.get("status") == "preempted":
+        console.print(f"resume: {resume_command(output)} (exit status {summary['exit_code']})")
+
+
+def resume_command(output_dir: Path) -> str:
+    """The command that continues this run in its own directory from its newest valid checkpoint."""
+    overrides: list[str] = []
+    if _hydra_mode() == "RUN":
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = [
+            o for o in HydraConfig.get().overrides.task if not o.startswith(("ckpt_path=", "hydra.run.dir="))
+        ]
+    elif _hydra_mode() is None:
+        return f"train(config with ckpt_path=auto output_dir={output_dir})"
+    words = ["python", "train.py", *overrides, f"hydra.run.dir={output_dir}", "ckpt_path=auto"]
+    return " ".join(shlex.quote(word) for word in words)

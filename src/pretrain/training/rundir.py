@@ -1,0 +1,57 @@
+"""Run directories (`hydra.run.dir: ${pretrain.run_dir:outputs,<date>/<time>}` in conf/train.yaml).
+
+Under SLURM a run's directory is its job's own id (`outputs/slurm-<SLURM_ARRAY_JOB_ID>_<SLURM_ARRAY_TASK_ID>`
+or `outputs/slurm-<SLURM_JOB_ID>`): every rank resolves the same one, and a requeued job (same id) lands
+in it again, where `ckpt_path=auto` finds its checkpoints. Elsewhere `outputs/<date>/<time>` is claimed
+atomically with `os.mkdir` (`-1`, `-2`, ... when a run started in the same second already has it).
+Light on purpose: train.py registers the resolver before Hydra starts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def slurm_job_id(environ: dict[str, str] | None = None) -> str | None:
+    """`<array job>_<task>` for an array task, else the job id; None outside SLURM."""
+    env = os.environ if environ is None else environ
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID") or None
+
+
+_CLAIMED: dict[tuple[str, str], str] = {}
+
+
+def claim_directory(path: Path) -> Path:
+    """Create `path`, or `path-1`, `path-2`, ... whichever does not exist yet (atomic: os.mkdir)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    candidate, suffix = path, 0
+    while True:
+        try:
+            os.mkdir(candidate)
+            return candidate
+        except FileExistsError:
+            suffix += 1
+            candidate = path.with_name(f"{path.name}-{suffix}")
+
+
+def run_dir(base: str, stamp: str) -> str:
+    """The `pretrain.run_dir` resolver: `<base>/slurm-<job id>` under SLURM (the same directory for
+    every rank and after a requeue), else a new `<base>/<stamp>` claimed for this run. The answer is
+    remembered for the process, so resolving it again gives the same directory."""
+    job = slurm_job_id()
+    if job is not None:
+        return str(Path(base) / f"slurm-{job}")
+    key = (base, stamp)
+    if key not in _CLAIMED:
+        _CLAIMED[key] = str(claim_directory(Path(base) / stamp))
+    return _CLAIMED[key]
+
+
+def register_run_dir_resolver() -> None:
+    """`${pretrain.run_dir:BASE,STAMP}` for conf/train.yaml's hydra.run.dir and hydra.sweep.dir."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("pretrain.run_dir", run_dir, use_cache=True, replace=True)

@@ -1,0 +1,227 @@
+"""Checkpoints: every write checked and recorded (sha256), verified on resume, pruned to
+train.keep_checkpoints, ckpt_path=auto, and resumes that cannot train anything refused early."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import warnings
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from conftest import module_cache_root
+
+from pretrain.config import load_config
+from pretrain.errors import CheckpointError, ConfigError
+from pretrain.training.checkpoints import (
+    CheckpointWarning,
+    newest_valid_checkpoint,
+    record_path,
+    save_verified,
+    verify_checkpoint,
+    write_record,
+)
+from pretrain.training.run import train
+
+cache_root = module_cache_root()
+
+SMALL = [  # the smallest run that still trains: one block of width 32, 2 packs of 32 tokens
+    "experiment=smoke",
+    "model.n_layer=1",
+    "model.d_model=32",
+    "model.n_head=2",
+    "data.max_seq_len=32",
+    "train.batch_size=2",
+    "train.val_batches=1",
+    "progress_bar=false",
+    "logger=csv",
+]
+
+
+def compose(out: Path, *overrides: str):
+    return load_config([*SMALL, f"output_dir={out}", *overrides])
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory, cache_root) -> Path:
+    """A finished 3-step run with a checkpoint at every step and the default keep_checkpoints."""
+    out = tmp_path_factory.mktemp("saved") / "run"
+    train(compose(out, "train.max_steps=3", "train.checkpoint_every_n_steps=1"))
+    return out
+
+
+def _copy(src: Path, dst: Path, with_record: bool = True) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+    if with_record:
+        # The record names the file: a copy under a new name gets a record for that name.
+        digest = record_path(src).read_text().split()[0]
+        record_path(dst).write_text(f"{digest}  {dst.name}\n")
+    return dst
+
+
+def test_every_checkpoint_is_recorded_with_its_sha256(saved_run):
+    folder = saved_run / "checkpoints"
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == [
+        "last.ckpt",
+        "last.ckpt.sha256",
+        "step000001.ckpt",
+        "step000001.ckpt.sha256",
+        "step000002.ckpt",
+        "step000002.ckpt.sha256",
+        "step000003.ckpt",
+        "step000003.ckpt.sha256",
+    ]
+    for ckpt in folder.glob("*.ckpt"):
+        digest, name = record_path(ckpt).read_text().split()
+        assert name == ckpt.name
+        assert digest == hashlib.sha256(ckpt.read_bytes()).hexdigest()  # independent hash
+        assert verify_checkpoint(ckpt) is True
+    last = torch.load(folder / "last.ckpt", map_location="cpu", weights_only=False)
+    assert last["global_step"] == 3
+
+
+def test_keep_checkpoints_keeps_the_newest_periodic_ones(tmp_path, cache_root):
+    out = tmp_path / "run"
+    train(compose(out, "train.max_steps=5", "train.checkpoint_every_n_steps=1", "train.keep_checkpoints=2"))
+    kept = sorted(p.name for p in (out / "checkpoints").glob("*.ckpt"))
+    assert kept == ["last.ckpt", "step000004.ckpt", "step000005.ckpt"]
+    records = sorted(p.name for p in (out / "checkpoints").glob("*.sha256"))
+    assert records == [f"{name}.sha256" for name in kept]  # pruned with their checkpoints
+
+
+def test_a_flipped_byte_is_refused_naming_the_file(tmp_path, saved_run):
+    bad = _copy(saved_run / "checkpoints" / "step000002.ckpt", tmp_path / "copies" / "flipped.ckpt")
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    bad.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"flipped\.ckpt is corrupt: its sha256") as error:
+        train(compose(tmp_path / "resume", f"ckpt_path={bad}", "train.max_steps=4"))
+    assert "\n" not in str(error.value)
+    assert not (tmp_path / "resume" / "metrics.csv").exists()  # refused before any training
+
+
+def test_an_empty_or_unreadable_checkpoint_is_named(tmp_path, cache_root):
+    empty = tmp_path / "empty.ckpt"
+    empty.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"empty\.ckpt is empty \(0 bytes\)"):
+        train(compose(tmp_path / "a", f"ckpt_path={empty}"))
+    garbage = tmp_path / "garbage.ckpt"
+    garbage.write_bytes(b"not a zip archive at all" * 10)
+    with pytest.raises(CheckpointError, match=r"garbage\.ckpt is not a readable torch checkpoint"):
+        train(compose(tmp_path / "b", f"ckpt_path={garbage}"))
+    # A torch file that is not one of ours (e.g. from another program): one line, no traceback.
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"state_dict": {}}, foreign)
+    with (
+        pytest.warns(CheckpointWarning),
+        pytest.raises(CheckpointError, match=r"foreign\.ckpt is not a checkpoint"),
+    ):
+        train(compose(tmp_path / "c", f"ckpt_path={foreign}"))
+
+
+def test_a_copy_without_its_record_loads_with_a_warning(tmp_path, saved_run):
+    copy = _copy(saved_run / "checkpoints" / "step000002.ckpt", tmp_path / "moved.ckpt", with_record=False)
+    with pytest.warns(CheckpointWarning, match=r"moved\.ckpt has no moved\.ckpt\.sha256 record"):
+        summary = train(compose(tmp_path / "resume", f"ckpt_path={copy}", "train.max_steps=4"))
+    assert summary["steps"] == 4 and summary["status"] == "completed"
+
+
+def test_max_steps_at_or_below_the_checkpoint_step_is_refused_early(tmp_path, saved_run):
+    ckpt = saved_run / "checkpoints" / "last.ckpt"  # step 3
+    for max_steps in (2, 3):
+        with pytest.raises(
+            ConfigError, match=r"is at step 3 and train\.max_steps=\d: .*raise train\.max_steps"
+        ):
+            train(compose(tmp_path / f"m{max_steps}", f"ckpt_path={ckpt}", f"train.max_steps={max_steps}"))
+        assert not (tmp_path / f"m{max_steps}" / "metrics.csv").exists()
+
+
+def test_auto_takes_the_newest_valid_checkpoint(tmp_path, saved_run):
+    run = tmp_path / "run"
+    for name in ("step000001.ckpt", "step000002.ckpt", "step000003.ckpt"):
+        _copy(saved_run / "checkpoints" / name, run / "checkpoints" / name)
+    said: list[str] = []
+    assert newest_valid_checkpoint(run, say=said.append) == run / "checkpoints" / "step000003.ckpt"
+    # The newest is damaged: skipped, saying why; the next one is taken.
+    newest = run / "checkpoints" / "step000003.ckpt"
+    newest.write_bytes(newest.read_bytes()[:-10] + b"0123456789")
+    assert newest_valid_checkpoint(run, say=said.append) == run / "checkpoints" / "step000002.ckpt"
+    assert any("step000003.ckpt" in line and "corrupt" in line for line in said)
+    # A checkpoint without a record is not trusted by auto.
+    record_path(run / "checkpoints" / "step000002.ckpt").unlink()
+    assert newest_valid_checkpoint(run, say=said.append) == run / "checkpoints" / "step000001.ckpt"
+    assert newest_valid_checkpoint(tmp_path / "nothing-here", say=said.append) is None
+
+
+def test_auto_without_a_checkpoint_starts_fresh_then_resumes(tmp_path, cache_root, capfd):
+    out = tmp_path / "run"
+    first = train(compose(out, "ckpt_path=auto", "train.max_steps=2", "train.checkpoint_every_n_steps=2"))
+    assert first["steps"] == 2
+    assert "ckpt_path=auto: no valid checkpoint" in capfd.readouterr().err
+    second = train(compose(out, "ckpt_path=auto", "train.max_steps=3"))
+    assert "ckpt_path=auto: resuming from" in capfd.readouterr().err
+    assert second["steps"] == 3 and second["tokens"] > first["tokens"]
+
+
+class _BreakCheckpointDir(L.Callback):
+    """After the first update the checkpoint folder becomes a regular file: the next write fails for
+    real (also as root, which file permissions do not stop)."""
+
+    def on_train_batch_end(self, trainer, *args):
+        folder = Path(trainer.default_root_dir) / "checkpoints"
+        if trainer.global_step == 1 and folder.is_dir():
+            shutil.rmtree(folder)
+            folder.write_text("not a directory")
+
+
+def test_a_failed_checkpoint_write_stops_the_run_naming_the_path(tmp_path, cache_root):
+    out = tmp_path / "run"
+    with pytest.raises(CheckpointError, match=r"could not write checkpoint .*step000002\.ckpt"):
+        train(
+            compose(out, "train.max_steps=4", "train.checkpoint_every_n_steps=2"),
+            callbacks=[_BreakCheckpointDir()],
+        )
+    assert not (out / "run.json").exists()
+
+
+def test_an_unusable_checkpoint_dir_fails_before_training(tmp_path, cache_root):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoints").write_text("a regular file where the folder should be")
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoints to .*checkpoints"):
+        train(compose(out, "train.max_steps=2"))
+    assert not (out / "metrics.csv").exists()
+
+
+def test_save_verified_is_atomic_and_checked(tmp_path):
+    target = tmp_path / "c" / "x.ckpt"
+    digest = save_verified({"weights": torch.arange(10)}, target)
+    assert digest == hashlib.sha256(target.read_bytes()).hexdigest()
+    assert record_path(target).read_text() == f"{digest}  x.ckpt\n"
+    assert [p.name for p in target.parent.iterdir() if p.name.startswith(".")] == []  # no temp left
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CheckpointError, match=r"could not write checkpoint .*file/y\.ckpt"):
+        save_verified({"weights": torch.arange(3)}, tmp_path / "file" / "y.ckpt")
+
+
+def test_a_directory_checkpoint_has_a_manifest(tmp_path):
+    shard = tmp_path / "step000010.ckpt"
+    (shard / "sub").mkdir(parents=True)
+    (shard / "meta.pt").write_bytes(b"meta")
+    (shard / "sub" / "0.distcp").write_bytes(b"shard zero")
+    write_record(shard)
+    lines = record_path(shard).read_text().splitlines()
+    assert lines == [
+        f"{hashlib.sha256(b'meta').hexdigest()}  step000010.ckpt/meta.pt",
+        f"{hashlib.sha256(b'shard zero').hexdigest()}  step000010.ckpt/sub/0.distcp",
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert verify_checkpoint(shard) is True
+    (shard / "sub" / "0.distcp").write_bytes(b"shard zerO")
+    with pytest.raises(CheckpointError, match=r"0\.distcp is corrupt"):
+        verify_checkpoint(shard)
