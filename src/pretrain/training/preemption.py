@@ -22,6 +22,10 @@ from typing import Any
 import lightning as L
 import torch
 
+from .rundir import register_run_dir_resolver
+
+__all__ = ["HANDLED", "Preemption", "exit_code", "register_run_dir_resolver"]  # the resolver: rundir.py
+
 HANDLED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 """Signals that stop a run gracefully (after the current update, with a checkpoint)."""
 
