@@ -34,6 +34,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 # Never the user's cache: a session root, replaced per test by `offline` unless a module set its own.
 _SESSION_CACHE_ROOT = tempfile.mkdtemp(prefix="pretrain-tests-cache-")
 os.environ["PRETRAIN_CACHE_ROOT"] = _SESSION_CACHE_ROOT
+# Verified records and remembered file digests: never the user's ~/.cache/pretrain.
+_STATE_DIR = tempfile.mkdtemp(prefix="pretrain-tests-state-")
+os.environ["PRETRAIN_STATE_DIR"] = _STATE_DIR
+atexit.register(shutil.rmtree, _STATE_DIR, ignore_errors=True)
 atexit.register(shutil.rmtree, _HF_HOME, ignore_errors=True)
 atexit.register(shutil.rmtree, _SESSION_CACHE_ROOT, ignore_errors=True)
 

@@ -58,7 +58,8 @@ FRACTION = 0.2  # enough validation documents in a small corpus
 
 def read_raw(directory: Path, split: str) -> tuple[list[str], list[list[int]], list[dict]]:
     """(ids, documents, index lines) straight from the files, without the package's readers."""
-    tokens = np.fromfile(directory / f"{split}.bin", dtype="<u4")
+    dtype = json.loads((directory / "manifest.json").read_text())["token_dtype"]
+    tokens = np.fromfile(directory / f"{split}.bin", dtype={"uint16": "<u2", "uint32": "<u4"}[dtype])
     lines = [json.loads(line) for line in (directory / f"{split}.jsonl").read_text().splitlines()]
     docs = [tokens[entry["offset"] : entry["offset"] + entry["length"]].tolist() for entry in lines]
     assert sum(e["length"] for e in lines) == len(tokens)
@@ -96,7 +97,8 @@ def test_round_trip(kind, tmp_path, corpus_texts, cache_root):
     expected = expected_cache(corpus_texts, fraction=FRACTION)
     directory = cache.directory
     assert directory.parent == cache_root.resolve()
-    assert {p.name for p in directory.iterdir()} == FILES
+    assert {p.name for p in directory.iterdir() if not p.name.startswith(".")} == FILES
+    assert (directory / ".verified.json").is_file()  # the build's verified record
     assert_matches(directory, expected)
 
     manifest = json.loads((directory / "manifest.json").read_text())
@@ -142,7 +144,7 @@ def test_manifest_records_the_tokenizer_files(make_cfg):
     ]  # "# #" is a merge
     content = json.dumps({"vocab": vocab, "merges": merges}, sort_keys=True, ensure_ascii=False)
     assert identity["tokenizer"]["content_sha256"] == hashlib.sha256(content.encode()).hexdigest()
-    assert identity["dtype"] == "uint32" and identity["eos_token_id"] == EOS
+    assert identity["dtype"] == "uint16" == cache.manifest["token_dtype"] and identity["eos_token_id"] == EOS
 
 
 def test_tokenizer_files_source_builds_the_same_tokens(tmp_path, make_cfg, corpus_texts):
@@ -169,7 +171,7 @@ def test_eos_closes_every_document_and_nothing_else(make_cfg, corpus_texts):
     found_literal = False
     for split in ("train", "validation"):
         ids, docs, _ = read_raw(cache.directory, split)
-        tokens = np.fromfile(cache.directory / f"{split}.bin", dtype="<u4")
+        tokens = np.fromfile(cache.directory / f"{split}.bin", dtype=cache.token_dtype)
         assert int((tokens == EOS).sum()) == len(docs)
         for doc_id, doc in zip(ids, docs, strict=True):
             assert doc[-1] == EOS and EOS not in doc[:-1]
@@ -227,7 +229,7 @@ def test_dedup_and_empty_invariants(texts, make_cfg):
 # --- budgets ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("train_tokens", "validation_tokens"), [(6000, 1500), (20_000, 10), (0, 3000)])
+@pytest.mark.parametrize(("train_tokens", "validation_tokens"), [(6000, 1500), (20_000, 10), (1, 3000)])
 def test_budgets_collect_whole_documents(make_cfg, corpus_texts, train_tokens, validation_tokens):
     cfg = make_cfg(
         **{
@@ -361,12 +363,12 @@ CORRUPTIONS = {
         "train.jsonl",
     ),
     "truncated train.bin": (
-        lambda d: (d / "train.bin").write_bytes((d / "train.bin").read_bytes()[:-4]),
+        lambda d: (d / "train.bin").write_bytes((d / "train.bin").read_bytes()[:-2]),
         "train.bin",
     ),
     "appended to validation.bin": (
         lambda d: (d / "validation.bin").write_bytes(
-            (d / "validation.bin").read_bytes() + np.uint32(EOS).tobytes()
+            (d / "validation.bin").read_bytes() + np.uint16(EOS).tobytes()
         ),
         "validation.bin",
     ),
@@ -442,19 +444,20 @@ def test_rebuild_flag_does_not_rebuild_a_good_cache(make_cfg):
 def test_failed_build_leaves_nothing_and_a_rerun_completes(make_cfg, cache_root, monkeypatch):
     cfg = make_cfg()
     calls = {"n": 0}
-    original = prepare_module.SplitWriter.write
+    original = prepare_module.SplitWriter.write_many
 
-    def failing_write(self, doc_id, ids):
+    def failing_write(self, doc_ids, tokens, lengths):
         calls["n"] += 1
-        if calls["n"] == 20:
+        if calls["n"] == 2:  # the build writes a batch of documents per split and part
             raise KeyboardInterrupt("simulated interrupt mid-write")
-        return original(self, doc_id, ids)
+        return original(self, doc_ids, tokens, lengths)
 
-    monkeypatch.setattr(prepare_module.SplitWriter, "write", failing_write)
+    monkeypatch.setattr(prepare_module.SplitWriter, "write_many", failing_write)
     with pytest.raises(KeyboardInterrupt):
         prepare(cfg, progress=False)
+    assert calls["n"] == 2
     assert [p.name for p in cache_root.iterdir() if not p.name.endswith(".lock")] == []
-    monkeypatch.setattr(prepare_module.SplitWriter, "write", original)
+    monkeypatch.setattr(prepare_module.SplitWriter, "write_many", original)
     cache = prepare(cfg, progress=False)
     verify_cache(cache.directory, cache_spec(cfg).identity)
 

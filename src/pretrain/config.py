@@ -74,6 +74,18 @@ class Encoder(StrEnum):
     tokenizers = "tokenizers"
 
 
+class TokenDtype(StrEnum):
+    auto = "auto"
+    uint16 = "uint16"
+    uint32 = "uint32"
+
+
+class VerifyMode(StrEnum):
+    quick = "quick"
+    stat = "stat"
+    full = "full"
+
+
 class LoggerKind(StrEnum):
     csv = "csv"
     wandb = "wandb"
@@ -155,6 +167,10 @@ class BudgetConfig:
 class CacheConfig:
     rebuild: bool = False
     """rebuild a cache that fails verification instead of stopping"""
+    token_dtype: TokenDtype = TokenDtype.auto
+    """tokens on disk: auto (uint16 when every tokenizer id is below 65,536), uint16, uint32 (identity)"""
+    verify: VerifyMode = VerifyMode.quick
+    """reuse check: quick (alias stat: manifest, sizes, stats; re-hash what changed) or full (all sha256)"""
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """Verify and reuse the token cache, or build it: the one entry every command and rank goes through.
 
-The build (`build.build_cache`) writes into a private temporary directory that is renamed into place
-only when every file and the manifest are complete and synced, so a crash or kill at any moment leaves
-nothing that passes verification, and a rerun starts clean. A file lock per identity lets one process
-build while another waits and then reuses.
+Reuse needs no write access to the cache (nor to its root): a complete cache is verified in place
+(`cache.verify`: quick by default, see cache.py) and its verified record goes where this user can write.
+Only a build takes the file lock beside the cache (`<root>/<key>.lock`): one process builds while the
+others wait and then reuse. The build (`build.build_cache`) writes into a private temporary directory
+that is renamed into place only when every file and the manifest are complete and synced, so a crash
+or kill at any moment leaves nothing that passes verification, and a rerun starts clean.
 """
 
 from __future__ import annotations
@@ -17,7 +19,19 @@ from filelock import FileLock, Timeout
 
 from ..errors import CacheError
 from .build import BATCH_CHARS, build_cache
-from .cache import REBUILD_HINT, Cache, CacheSpec, open_cache
+from .cache import (
+    MANIFEST,
+    REBUILD_HINT,
+    Cache,
+    CacheSpec,
+    Verification,
+    check_cache,
+    manifest_checksum,
+    read_manifest,
+    record_built,
+    write_manifest,
+)
+from .files import writable_dir
 from .writer import SplitWriter
 
 
@@ -33,10 +47,45 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def verify_existing(spec: CacheSpec, mode: str | None = None) -> Verification:
+    """Verify the cache of `spec` in place (no write to it): `mode` defaults to `spec.verify`."""
+    if not (spec.directory / MANIFEST).exists() and not spec.directory.exists():
+        raise CacheError(f"no cache at {spec.directory}; build it with `pretrain prepare` (same overrides)")
+    return check_cache(spec.directory, spec.identity, mode or spec.verify)
+
+
 def prepare_cache(spec: CacheSpec, *, progress: bool = True) -> Cache:
     """The verified cache of `spec`: reused if it verifies, built if absent, never used if corrupt."""
-    identity, key, root, directory = spec.identity, spec.key, spec.root, spec.directory
-    root.mkdir(parents=True, exist_ok=True)
+    directory = spec.directory
+    if directory.exists():
+        try:
+            return _open(spec)
+        except CacheError as error:
+            if not spec.rebuild:
+                raise
+            _log(f"rebuilding: {error}")
+    return _build(spec, progress=progress)
+
+
+def _open(spec: CacheSpec) -> Cache:
+    verification = check_cache(spec.directory, spec.identity, spec.verify)
+    return Cache(directory=spec.directory, manifest=verification.manifest)
+
+
+def _build(spec: CacheSpec, *, progress: bool) -> Cache:
+    key, root, directory = spec.key, spec.root, spec.directory
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CacheError(
+            f"no cache {key} under {root}, and it cannot be created there ({error.strerror}); "
+            "set cache_root (or PRETRAIN_CACHE_ROOT) to a writable directory, or build it there first"
+        ) from error
+    if not writable_dir(root):
+        raise CacheError(
+            f"no cache {key} under {root}, and {root} is not writable: build it where you can write "
+            "(cache_root=... or PRETRAIN_CACHE_ROOT=...) or ask the root's owner to `pretrain prepare` it"
+        )
     lock = FileLock(str(root / f"{key}.lock"))
     try:
         lock.acquire(timeout=0.5)
@@ -45,8 +94,9 @@ def prepare_cache(spec: CacheSpec, *, progress: bool = True) -> Cache:
         lock.acquire()
     try:
         if directory.exists():
+            # Built (or repaired) by another process while we waited, or still bad.
             try:
-                return open_cache(directory, identity)
+                return _open(spec)
             except CacheError as error:
                 if not spec.rebuild:
                     raise
@@ -59,16 +109,36 @@ def prepare_cache(spec: CacheSpec, *, progress: bool = True) -> Cache:
         tmp = root / f".{key}.tmp-{os.getpid()}"
         tmp.mkdir()
         try:
-            manifest = build_cache(spec, tmp, progress=progress)
+            manifest = _complete_manifest(spec, tmp, build_cache(spec, tmp, progress=progress))
             _fsync_dir(tmp)
             os.rename(tmp, directory)
             _fsync_dir(root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        # Every file was hashed as it was written: the next start only compares stats.
+        record_built(directory, manifest)
         return Cache(directory=directory, manifest=manifest)
     finally:
         lock.release()
+
+
+def _complete_manifest(spec: CacheSpec, directory: Path, manifest: dict) -> dict:
+    """The built manifest with the top-level `token_dtype` (a build that wrote it already is left as is),
+    checked like any cache's manifest so that a build never renames a cache reuse would refuse."""
+    if manifest.get("token_dtype") != spec.identity["dtype"] or "format" not in manifest:
+        manifest = {**manifest, "format": spec.identity["format"], "token_dtype": spec.identity["dtype"]}
+        manifest.pop("checksum", None)
+        manifest["checksum"] = manifest_checksum(manifest)
+        write_manifest(directory, manifest)
+    for split, entry in manifest["splits"].items():
+        written = entry.get("token_dtype", spec.identity["dtype"])
+        if written != spec.identity["dtype"]:
+            raise CacheError(
+                f"the build wrote {split} tokens as {written}, the identity says {spec.identity['dtype']}: "
+                "pass token_dtype=spec.token_dtype to SplitWriter"
+            )
+    return read_manifest(directory, spec.identity)
 
 
 def _discard(directory: Path, root: Path) -> None:
@@ -78,4 +148,12 @@ def _discard(directory: Path, root: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-__all__ = ["BATCH_CHARS", "CacheError", "REBUILD_HINT", "SplitWriter", "build_cache", "prepare_cache"]
+__all__ = [
+    "BATCH_CHARS",
+    "CacheError",
+    "REBUILD_HINT",
+    "SplitWriter",
+    "build_cache",
+    "prepare_cache",
+    "verify_existing",
+]

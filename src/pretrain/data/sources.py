@@ -500,12 +500,17 @@ def _kind(source: SourceConfig) -> str:
 
 
 def source_identity(source: SourceConfig) -> dict:
-    """What identifies the source's documents (part of the cache identity)."""
+    """What identifies the source's documents (part of the cache identity). Local files are identified
+    by content; their sha256 is remembered by (path, size, mtime_ns, ctime_ns, inode) in the per-user
+    state (files.remembered_sha256), so an unchanged file is not re-hashed at every start."""
     kind = _kind(source)
     if kind == "pydocs":
         return pydocs_identity()
     if kind == "local":
-        return local_identity(source.files)
+        from .files import remembered_sha256
+
+        entries = [{"name": p.name, "sha256": remembered_sha256(p)} for p in _local_paths(source.files)]
+        return {"kind": "local", "files": entries}
     return fineweb_identity(source)
 
 

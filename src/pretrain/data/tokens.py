@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -14,15 +16,67 @@ EOS_TOKEN_ID = 50256
 GPT2_VOCAB_SIZE = 50257
 
 
+class DocumentIds(Sequence[str]):
+    """The document ids of a cached split, read from its JSONL index only when first asked for
+    (statistics, audits): loading a split for training never parses JSON nor holds a string per
+    document. Its length is known without reading."""
+
+    def __init__(self, index_path: Path, count: int):
+        self.path = Path(index_path)
+        self._count = int(count)
+        self._ids: tuple[str, ...] | None = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> tuple[str, ...]:
+        with self._lock:
+            if self._ids is None:
+                from .cache import read_index
+
+                ids = read_index(self.path)[0]
+                if len(ids) != self._count:
+                    from ..errors import CacheError
+
+                    raise CacheError(
+                        f"{self.path} has {len(ids)} documents, the split has {self._count}; "
+                        "rebuild it with cache.rebuild=true"
+                    )
+                self._ids = ids
+            return self._ids
+
+    @property
+    def loaded(self) -> bool:
+        return self._ids is not None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):
+        return self._load()[i]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._load())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash((str(self.path), self._count))
+
+    def __repr__(self) -> str:
+        return f"DocumentIds({str(self.path)!r}, {self._count})"
+
+
 @dataclass(frozen=True)
 class TokenSplit:
-    """Documents back to back in `tokens` (uint32, usually an np.memmap: never loaded whole);
-    document i is tokens[offsets[i] : offsets[i] + lengths[i]], its EOS included."""
+    """Documents back to back in `tokens` (uint16 or uint32, usually an np.memmap: never loaded whole);
+    document i is tokens[offsets[i] : offsets[i] + lengths[i]], its EOS included. Gather with numpy
+    and cast (`np.asarray(tokens[index], dtype=np.int64)`): torch has little uint16 support.
+    `ids` is a sequence of document ids (lazy for a cached split: see DocumentIds)."""
 
     tokens: np.ndarray
     offsets: np.ndarray  # int64
     lengths: np.ndarray  # int64
-    ids: tuple[str, ...] = ()
+    ids: Sequence[str] = ()
     name: str = "train"
 
     def __len__(self) -> int:
