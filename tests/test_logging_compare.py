@@ -1,17 +1,24 @@
-"""W&B offline logging, CSV metrics, and `pretrain compare` on runs and multiruns."""
+"""W&B offline logging, CSV metrics (on disk at every log step, kept across kills and resumes), and
+`pretrain compare` on runs and multiruns."""
 
 from __future__ import annotations
 
 import csv
+import logging
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pretrain.config import load_config
 from pretrain.report.compare import compare, find_runs, load_run
+from pretrain.training.metrics_file import MetricsFile, join_steps, numeric_rows, read_table
 from pretrain.training.run import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,3 +141,162 @@ def test_multirun_jobs_get_their_own_wandb_run_grouped_by_the_sweep(offline_env)
     # ... and the comparison reads the whole multirun.
     png = compare([sweep], quiet=True)
     assert png == (sweep / "compare.png").resolve() and png.exists()
+
+
+# --- metrics.csv that survives kills and resumes ------------------------------------------------
+
+
+def _file_steps(path: Path) -> list[int]:
+    return [int(row["step"]) for row in read_table(path)[1]]
+
+
+def test_metrics_file_appends_rows_and_rewrites_only_for_a_new_column(tmp_path):
+    path = tmp_path / "metrics.csv"
+    metrics = MetricsFile(path)
+    assert metrics.start(0) is None and not path.exists()
+    metrics.append([{"step": 1, "train/loss": 3.0}])
+    metrics.append([{"step": 2, "train/loss": 2.5}])
+    assert path.read_text() == "step,train/loss\n1,3.0\n2,2.5\n"
+    inode = path.stat().st_ino
+    metrics.append([{"step": 3, "train/loss": 2.0}])
+    assert path.stat().st_ino == inode  # appended in place, not rewritten
+    metrics.append([{"step": 4, "train/loss": 1.5, "val/loss": 1.75}])  # a new column: rewritten
+    assert path.read_text() == "step,train/loss,val/loss\n1,3.0,\n2,2.5,\n3,2.0,\n4,1.5,1.75\n"
+    # A kill in the middle of a write leaves a last line without its newline: it is not a row.
+    with open(path, "a") as handle:
+        handle.write("5,1.2")
+    assert _file_steps(path) == [1, 2, 3, 4]
+    resumed = MetricsFile(path)
+    notice = resumed.start(3)
+    assert notice == (
+        f"resuming after step 3: {path} keeps its 3 rows up to that step and drops 1 rows logged after "
+        "it before the interruption (steps 4..4): those steps are trained again"
+    )
+    resumed.append([{"step": 4, "train/loss": 1.4, "val/loss": 1.7}])
+    assert path.read_text() == "step,train/loss,val/loss\n1,3.0,\n2,2.5,\n3,2.0,\n4,1.4,1.7\n"
+    fresh = MetricsFile(path)
+    assert "held 4 rows of an earlier run and this run starts at step 0: replaced them" in (
+        fresh.start(0) or ""
+    )
+    assert not path.exists()
+
+
+def test_an_unreadable_metrics_file_is_moved_aside_not_appended_to(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    notice = MetricsFile(path).start(5)
+    assert notice is not None and "moved it to" in notice and str(path) in notice
+    assert (tmp_path / "metrics.unreadable.csv").read_bytes() == b"\xff\xfe\x00garbage"
+    assert not path.exists()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(segments=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 12), st.booleans()), min_size=1))
+def test_metrics_file_after_any_resumes_holds_each_step_once_in_order(tmp_path_factory, segments):
+    """Each segment: a run that resumes from a step at or before the file's last one, logs some
+    steps (sometimes with a new column), and is killed. The file always equals the last write of each
+    step, in step order, and compare reads the same."""
+    directory = tmp_path_factory.mktemp("metrics")
+    path = directory / "metrics.csv"
+    expected: dict[int, dict] = {}
+    for back, count, validates in segments:
+        last = max(expected, default=0)
+        start = max(0, last - back)
+        writer = MetricsFile(path)
+        writer.start(start)
+        expected = {step: row for step, row in expected.items() if step <= start}
+        for step in range(start + 1, start + count + 1):
+            row = {"step": step, "train/loss": float(step % 7) + len(expected) / 8, "train/tokens": 10 * step}
+            if validates and step % 3 == 0:
+                row["val/loss"] = step / 2
+            writer.append([row])
+            expected[step] = row
+        if expected:
+            rows = read_table(path)[1]
+            assert [int(r["step"]) for r in rows] == sorted(expected)
+            for r in rows:
+                want = expected[int(r["step"])]
+                assert float(r["train/loss"]) == want["train/loss"]
+                assert (r.get("val/loss") or None) == (str(want["val/loss"]) if "val/loss" in want else None)
+            assert [row["step"] for row in join_steps(numeric_rows(path, rows))] == sorted(expected)
+        else:
+            assert not path.exists()
+
+
+def test_compare_joins_repeated_steps_and_files_last_write_wins(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    # An older layout: a first file, then a resume that re-logged steps 3..4 and went on to 6.
+    (run / "metrics.1.csv").write_text(
+        "step,train/loss,train/tokens\n1,5.0,10\n2,4.0,20\n3,3.9,30\n4,3.8,40\n"
+    )
+    (run / "metrics.csv").write_text(
+        "step,train/loss,train/tokens,val/loss\n3,3.0,30,\n4,2.0,40,2.5\n4,1.9,40,\n5,1.5,50,\n6,1.0,60,1.2\n"
+    )
+    loaded = load_run(run)
+    assert loaded.series["train/loss"] == [(10, 5.0), (20, 4.0), (30, 3.0), (40, 1.9), (50, 1.5), (60, 1.0)]
+    assert loaded.series["val/loss"] == [(40, 2.5), (60, 1.2)]  # a step's cells are joined, later wins
+
+
+def test_kill_9_mid_run_leaves_every_logged_step_in_metrics_csv(tmp_path, shared_cache):
+    """A real `python train.py` logging every step, killed with SIGKILL once metrics.csv shows 4 steps."""
+    run = tmp_path / "run"
+    command = [
+        sys.executable,
+        "train.py",
+        "experiment=smoke",
+        "train.max_steps=100000",
+        "train.log_every_n_steps=1",
+        "train.val_every_n_steps=100000",
+        "train.checkpoint_every_n_steps=100000",
+        "progress_bar=false",
+        f"hydra.run.dir={run}",
+    ]
+    env = {**os.environ, "PRETRAIN_CACHE_ROOT": str(shared_cache), "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        seen: list[int] = []
+        while len(seen) < 4:
+            assert process.poll() is None, process.stderr.read()[-3000:] if process.stderr else ""
+            assert time.monotonic() < deadline, "the run logged fewer than 4 steps in 300 s"
+            time.sleep(0.1)
+            if (run / "metrics.csv").is_file():
+                seen = _file_steps(run / "metrics.csv")
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == -signal.SIGKILL
+    steps = _file_steps(run / "metrics.csv")
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= len(seen) >= 4
+    loaded = load_run(run)  # compare reads what the killed run left
+    assert [tokens for tokens, _ in loaded.series["train/loss"]] == [512.0 * s for s in steps]
+
+
+def test_resume_into_the_same_run_directory_appends_and_compare_draws_one_curve(offline_env, caplog):
+    out = offline_env / "run"
+    common = ["train.log_every_n_steps=1", "train.checkpoint_every_n_steps=2"]
+    _run(out, *common, "train.max_steps=4")  # as if killed after logging step 4, its checkpoint at step 2
+    before = (out / "metrics.csv").read_text().splitlines()
+    assert _file_steps(out / "metrics.csv") == [1, 2, 3, 4]
+    resume = f"ckpt_path={out / 'checkpoints' / 'step000002.ckpt'}"
+    with caplog.at_level(logging.WARNING):
+        summary = _run(out, *common, "train.max_steps=5", resume)
+    notes = [r.getMessage() for r in caplog.records if "resuming after step" in r.getMessage()]
+    assert notes == [
+        f"resuming after step 2: {out / 'metrics.csv'} keeps its 2 rows up to that step and drops 2 rows "
+        "logged after it before the interruption (steps 3..4): those steps are trained again"
+    ]
+    after = (out / "metrics.csv").read_text().splitlines()
+    assert after[:3] == before[:3]  # the header and steps 1..2, untouched
+    assert _file_steps(out / "metrics.csv") == [1, 2, 3, 4, 5] and summary["steps"] == 5
+    loaded = load_run(out)
+    tokens = [tokens for tokens, _ in loaded.series["train/loss"]]
+    assert tokens == [512.0 * step for step in range(1, 6)]  # one continuous curve
+    png = compare([out], output=offline_env / "resumed.png", quiet=True)
+    assert png.read_bytes()[:4] == b"\x89PNG"
