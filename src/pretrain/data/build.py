@@ -383,6 +383,7 @@ class Job:
     task: int = 0
     workers: int = 1
     parent_pid: int = 0
+    partition: dict | None = None  # the parent's part sizes (sources.*_PART_*), so that both agree
 
 
 def _selected(parts: Iterable[Part], tasks: int, task: int, workers: int, worker: int) -> Iterator[Part]:
@@ -407,7 +408,7 @@ def _cached_encoder(files: TokenizerFiles, choice: str, stats: tuple) -> tuple[E
     return build_encoder(files, choice)
 
 
-def _in_process(job: Job, documents: Iterator[Document], stats: BuildStats) -> Iterator[Encoded]:
+def _in_process(job: Job, batches: Iterator[list[Document]], stats: BuildStats) -> Iterator[Encoded]:
     """One process: a reader thread, one batch encoded ahead in a thread (the encoders and sha256
     release the GIL), the writer in the caller."""
     encoder, notice = _encoder(job.tokenizer_files, job.encoder)
@@ -415,7 +416,7 @@ def _in_process(job: Job, documents: Iterator[Document], stats: BuildStats) -> I
         print(notice, file=sys.stderr, flush=True)
     stats.encoder = encoder.name
     checker = CrossCheck(job.tokenizer_files, CROSS_CHECK_DOCUMENTS) if encoder.name == "tiktoken" else None
-    reader = _prefetch(_batches(documents))
+    reader = _prefetch(batches)
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pretrain-tokenizer") as pool:
             pending = None
@@ -466,6 +467,10 @@ def _worker(job: Job, worker: int, out) -> None:
     """A worker process: encode this worker's parts in order, one message per part, then "end"."""
     _follow_parent(job.parent_pid)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker
+    if job.partition:
+        sources.PARQUET_PART_ROWS = job.partition["parquet_rows"]
+        sources.JSONL_PART_BYTES = job.partition["jsonl_bytes"]
+        sources.PYDOCS_PART_MODULES = job.partition["pydocs_modules"]
     try:
         encoder, notice = build_encoder(job.tokenizer_files, job.encoder)
         out.put(("start", {"encoder": encoder.name, "notice": notice if worker == 0 else None}))
@@ -514,7 +519,7 @@ def _parallel(job: Job, stats: BuildStats) -> Iterator[Encoded]:
         k = 0
         while True:
             w = k % job.workers
-            kind, payload, *rest = _receive(queues[w], processes[w], w)
+            kind, payload, *rest = _receive(queues[w], processes, w)
             if kind == "start":
                 stats.encoder = payload["encoder"]
                 if payload["notice"]:
@@ -530,9 +535,9 @@ def _parallel(job: Job, stats: BuildStats) -> Iterator[Encoded]:
                 # The others are done too (the same parts list): collect what they checked.
                 for other in range(job.workers):
                     if other not in ended:
-                        message = _receive(queues[other], processes[other], other)
+                        message = _receive(queues[other], processes, other)
                         while message[0] == "start":  # a worker without any part
-                            message = _receive(queues[other], processes[other], other)
+                            message = _receive(queues[other], processes, other)
                         if message[0] == "end":
                             ended[other] = message[1]
                 stats.cross_checked += sum(e["cross_checked"] for e in ended.values())
@@ -557,22 +562,27 @@ def _parallel(job: Job, stats: BuildStats) -> Iterator[Encoded]:
 _MAIN_LOCK = threading.Lock()
 
 
-def _receive(channel, process, worker: int) -> tuple:
-    """The worker's next message; a worker that died (killed, out of memory) is an error within a
-    poll interval, never a hang."""
+def _receive(channel, processes: list, worker: int) -> tuple:
+    """Worker `worker`'s next message. Any worker that died (killed, out of memory) is an error within a
+    poll interval, never a hang, whichever worker the writer is waiting for."""
     while True:
         try:
             return channel.get(timeout=POLL_SECONDS)
         except queue.Empty:
-            if process.exitcode is None:
-                continue
-        try:  # it exited: anything it sent before is already in the pipe
-            return channel.get(timeout=1.0)
-        except queue.Empty:
+            pass
+        for w, process in enumerate(processes):
+            code = process.exitcode
+            if code is None or (code == 0 and w != worker):
+                continue  # alive, or finished all its parts
+            try:  # the awaited worker exited: anything it sent before is already in the pipe
+                if w == worker:
+                    return channel.get(timeout=1.0)
+            except queue.Empty:
+                pass
             raise CacheError(
-                f"prepare worker {worker} (pid {process.pid}) {_exit_reason(process.exitcode)} before it "
-                "finished; nothing was kept: run the prepare again"
-            ) from None
+                f"prepare worker {w} (pid {process.pid}) {_exit_reason(code)} before it finished; "
+                "nothing was kept: run the prepare again"
+            )
 
 
 def _encoded_parts(spec: CacheSpec, settings: PrepareSettings, stats: BuildStats, task: int | None):
@@ -589,15 +599,16 @@ def _encoded_parts(spec: CacheSpec, settings: PrepareSettings, stats: BuildStats
         task=task or 0,
         workers=num_proc,
         parent_pid=os.getpid(),
+        partition=_partition(),
     )
     if num_proc > 1:
         return _parallel(job, stats)
     if task is None:
-        documents = iter_documents(spec.source)
-    else:
+        batches = _batches(iter_documents(spec.source))
+    else:  # a task's part file holds one record per part: the assembly interleaves the tasks by part
         parts = _selected(sources.iter_parts(spec.source), job.tasks, job.task, 1, 0)
-        documents = (doc for part in parts for doc in read_part(part))
-    return _in_process(job, documents, stats)
+        batches = (list(read_part(part)) for part in parts)
+    return _in_process(job, batches, stats)
 
 
 # --- the build ----------------------------------------------------------------------------------
