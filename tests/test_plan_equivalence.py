@@ -101,3 +101,59 @@ def test_capacity_beyond_the_kernels_bitset_uses_the_reference():
     lengths = np.array([40_000, 1, 39_999, 2], dtype=np.int64)
     assert_same(best_fit_decreasing(lengths, 40_000), _best_fit_decreasing_reference(lengths, 40_000))
     assert_same(best_fit_buffered(lengths, 40_000, 2), _best_fit_buffered_reference(lengths, 40_000, 2))
+
+
+# --- the samplers plan exactly what they planned before the kernels -------------------------------
+
+
+def _split(documents: int, seed: int):
+    from pretrain.data.tokens import TokenSplit
+
+    return TokenSplit.from_lengths(fineweb_like_lengths(documents, seed=seed), seed=seed)
+
+
+def test_bestfit_sampler_epochs_are_the_reference_plans():
+    from conftest import policy_cfg
+
+    from pretrain.data.samplers import build_sampler
+
+    cfg = policy_cfg("bestfit", "data.max_seq_len=256", "train.batch_size=4", "train.packing_buffer=16")
+    sampler = build_sampler(cfg, _split(3000, seed=5))
+    lengths = sampler.table.length
+    for epoch in (0, 1, 7):
+        plan = sampler.plan(epoch)
+        order = np.random.default_rng([cfg.seed, epoch]).permutation(len(lengths))  # as before
+        seq, ptr = _best_fit_buffered_reference(lengths[order], 256, 16)
+        np.testing.assert_array_equal(plan.layout.ptr, ptr)
+        np.testing.assert_array_equal(plan.layout.item_id, order[seq])
+        assert plan.order is None  # packs are served in the order they were made
+        np.testing.assert_array_equal(plan.ordered(), np.arange(len(ptr) - 1))
+
+
+def test_prepacked_bfd_sampler_is_the_reference_plan(tmp_path):
+    from conftest import policy_cfg
+
+    from pretrain.data.samplers import build_sampler
+
+    cfg = policy_cfg("prepacked", "data.strategy=bfd", "data.max_seq_len=256", "train.batch_size=4")
+    sampler = build_sampler(cfg, _split(3000, seed=6), packs_dir=tmp_path)
+    items, ptr = _best_fit_decreasing_reference(sampler.table.length, 256)
+    for epoch in (0, 3):
+        plan = sampler.plan(epoch)
+        np.testing.assert_array_equal(plan.layout.item_id, items)
+        np.testing.assert_array_equal(plan.layout.ptr, ptr)
+        units = np.random.default_rng([cfg.seed, epoch]).permutation(len(ptr) - 1)  # as before
+        np.testing.assert_array_equal(plan.ordered(), units)
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=lengths_and_capacity(), buffer=st.integers(1, 40), seed=st.integers(0, 2**32 - 1))
+def test_best_fit_buffered_through_an_order_is_the_gathered_plan(case, buffer, seed):
+    lengths, capacity = case
+    for dtype in (np.int32, np.int64):
+        order = np.random.default_rng(seed).permutation(len(lengths)).astype(dtype)
+        items, ptr = best_fit_buffered(lengths.astype(np.int32), capacity, buffer, order=order)
+        seq, want_ptr = _best_fit_buffered_reference(lengths[order], capacity, buffer)
+        assert items.dtype == dtype
+        np.testing.assert_array_equal(ptr, want_ptr)
+        np.testing.assert_array_equal(items, order[seq])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import time
 
 import numpy as np
 import pytest
@@ -340,7 +342,8 @@ def test_prepacked_written_once_and_reused(tmp_path, monkeypatch):
     first = load_or_build_packs(split, table, "bfd", tmp_path)
     path = packs_path(tmp_path, "train", "bfd", 16)
     assert path.is_file()
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
+    # No temporary file left behind; the build's lock file stays (removing it would race other ranks).
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, f"{path.name}.lock"]
     stamp = path.stat().st_mtime_ns
 
     def fail(*args, **kwargs):
@@ -361,7 +364,7 @@ def test_prepacked_keys_and_stale_files(tmp_path):
             load_or_build_packs(
                 split, chunk_table(split.offsets, split.lengths, capacity), strategy, tmp_path
             )
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".npz") == [
         "train-bfd-L16.npz",
         "train-bfd-L8.npz",
         "train-concat-L16.npz",
@@ -421,3 +424,53 @@ def test_documents_need_not_be_contiguous(case, tmp_path):
         stream = [t for d in docs for t in d]
         pairs = sorted(zip(stream[:-1], stream[1:], strict=True))
         assert sorted(zip(inputs.tolist(), targets.tolist(), strict=True)) == pairs
+
+
+def _build_in_child(split, table, packs_dir, log_path, result_path):
+    def slow_bfd(lengths, capacity):
+        with open(log_path, "a") as log:
+            log.write("built\n")
+        time.sleep(0.5)  # long enough for every other rank to arrive while the build runs
+        return best_fit_decreasing(lengths, capacity)
+
+    policies.best_fit_decreasing = slow_bfd
+    layout = load_or_build_packs(split, table, "bfd", packs_dir)
+    np.save(result_path, np.concatenate([layout.ptr, layout.item_id]))
+
+
+def test_ranks_starting_together_build_the_packs_once_and_all_load_them(tmp_path):
+    split = random_split(12)
+    table = chunk_table(split.offsets, split.lengths, 16)
+    log_path = tmp_path / "builds.log"
+    context = multiprocessing.get_context("fork")
+    ranks = [
+        context.Process(
+            target=_build_in_child, args=(split, table, tmp_path / "packs", log_path, tmp_path / f"r{r}.npy")
+        )
+        for r in range(4)
+    ]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(60)
+        assert process.exitcode == 0
+    assert log_path.read_text() == "built\n"  # one rank built, three loaded its file
+    items, ptr = best_fit_decreasing(table.length, 16)
+    for r in range(4):
+        np.testing.assert_array_equal(np.load(tmp_path / f"r{r}.npy"), np.concatenate([ptr, items]))
+
+
+def test_unwritable_packs_dir_builds_in_memory_with_a_warning(tmp_path, monkeypatch, caplog):
+    split = random_split(13)
+    table = chunk_table(split.offsets, split.lengths, 16)
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", self.lock_file)
+
+    monkeypatch.setattr(policies.FileLock, "acquire", refuse)
+    with caplog.at_level("WARNING"):
+        layout = load_or_build_packs(split, table, "bfd", tmp_path / "packs")
+    assert "building them in memory" in caplog.text and "Permission denied" in caplog.text
+    items, ptr = best_fit_decreasing(table.length, 16)
+    np.testing.assert_array_equal(layout.item_id, items)
+    assert not list((tmp_path / "packs").glob("*.npz"))

@@ -347,3 +347,32 @@ def test_empty_validation_split_gives_no_batches(case, tmp_path):
     assert evaluation_batch_count(case_cfg(case), evaluation_chunks(empty, 16)) == 0
     with pytest.raises(ValueError, match="no documents"):
         build_sampler(case_cfg(case), TokenSplit.from_lengths([]), packs_dir=tmp_path)
+
+
+@pytest.mark.parametrize("case", ["bestfit", "bfd", "padded-max"])
+def test_epoch_plans_are_flat_arrays_of_a_few_bytes_per_chunk(case, tmp_path):
+    """No Python object per document or chunk: a plan is index arrays into the sampler's chunk
+    table, and planning an epoch allocates a few numpy bytes per chunk (tracemalloc sees every numpy
+    array; a list or tuple per chunk would cost >= 36 bytes each)."""
+    import tracemalloc
+
+    from pretrain.data.synthetic import fineweb_like_lengths
+
+    lengths = fineweb_like_lengths(150_000, seed=3)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    split = TokenSplit(tokens=np.zeros(1, dtype=np.uint16), offsets=offsets, lengths=lengths)  # never read
+    cfg = case_cfg(case, "data.max_seq_len=1024", "train.batch_size=8")
+    sampler = build_sampler(cfg, split, packs_dir=tmp_path)
+    chunks = len(sampler.table)
+    assert chunks > 150_000
+    tracemalloc.start()
+    try:
+        plan = sampler.plan(1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    arrays = [plan.layout.ptr] + ([] if plan.layout.rows is None else [plan.layout.rows])
+    arrays += [] if plan.order is None else [plan.order]
+    assert all(isinstance(a, np.ndarray) and a.dtype.kind == "i" for a in arrays)
+    assert plan.nbytes / chunks <= 16  # int32 chunk ids, int64 pack pointers, int32 unit order
+    assert peak / chunks <= 24

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arrays import run_positions
+from ..arrays import prefix_sums
 from ..errors import ConfigError
 
 MIN_SEQ_LEN = 2
@@ -61,11 +61,12 @@ def split_tokens(name: str, tokens: Sequence[int] | np.ndarray, max_seq_len: int
 @dataclass(frozen=True)
 class ChunkTable:
     """All chunks of a split as flat arrays (no token is read): chunk i covers inputs
-    tokens[start[i] : start[i] + length[i]] of document doc[i] in the split's token file."""
+    tokens[start[i] : start[i] + length[i]] of document doc[i] in the split's token file.
+    16 bytes per chunk: int64 start, int32 doc and length (int64 doc past 2^31 documents)."""
 
-    doc: np.ndarray  # int64 document index in the split's index
+    doc: np.ndarray  # int32 (int64 past 2^31 documents) document index in the split's index
     start: np.ndarray  # int64 global token offset of the chunk's first input
-    length: np.ndarray  # int64 number of inputs (= targets) in the chunk
+    length: np.ndarray  # int32 number of inputs (= targets) in the chunk, 1..max_seq_len
     max_seq_len: int
 
     def __len__(self) -> int:
@@ -73,19 +74,30 @@ class ChunkTable:
 
     @property
     def total_pairs(self) -> int:
-        return int(self.length.sum())
+        return int(self.length.sum(dtype=np.int64))
 
 
 def chunk_table(offsets: np.ndarray, lengths: np.ndarray, max_seq_len: int) -> ChunkTable:
-    """Vectorised `split_tokens` over a whole index: the same chunks, as (doc, start, length) arrays."""
+    """Vectorised `split_tokens` over a whole index: the same chunks, as (doc, start, length) arrays.
+
+    Chunk j overall (the k-th of document d, whose first chunk is number first[d]) starts at
+    offsets[d] + k L = (offsets[d] - first[d] L) + j L, and holds min(L, pairs[d] - k L) inputs:
+    two repeats of per-document values plus j L, no per-chunk gather."""
     max_seq_len = check_max_seq_len(max_seq_len)
     offsets = np.asarray(offsets, dtype=np.int64)
     pairs = np.asarray(lengths, dtype=np.int64) - 1
     if len(pairs) and pairs.min() < 1:
         raise ValueError("every cached document must have at least one token before its EOS")
     counts = -(-pairs // max_seq_len)
-    doc = np.repeat(np.arange(len(pairs), dtype=np.int64), counts)
-    k = run_positions(counts)  # k-th chunk of its document
-    start_in_doc = k * max_seq_len
-    length = np.minimum(max_seq_len, pairs[doc] - start_in_doc)
-    return ChunkTable(doc=doc, start=offsets[doc] + start_in_doc, length=length, max_seq_len=max_seq_len)
+    first = prefix_sums(counts)
+    step = np.arange(0, int(first[-1]) * max_seq_len, max_seq_len, dtype=np.int64)  # j L
+    base = first[:-1] * max_seq_len
+    start = np.repeat(offsets - base, counts)
+    start += step
+    length = np.repeat(pairs + base, counts)
+    length -= step
+    del step
+    np.minimum(length, max_seq_len, out=length)
+    index = np.int32 if len(pairs) < 2**31 else np.int64
+    doc = np.repeat(np.arange(len(pairs), dtype=index), counts)
+    return ChunkTable(doc=doc, start=start, length=length.astype(np.int32), max_seq_len=max_seq_len)

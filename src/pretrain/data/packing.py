@@ -33,8 +33,12 @@ _KERNEL_MAX_ITEMS = 2**31 - 2  # the kernels index items with int32
 _kernels: ModuleType | None | bool = False  # False: not looked up yet; None: numba unavailable
 
 
-def _check_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
-    lengths = np.asarray(lengths, dtype=np.int64)
+def _check_lengths(lengths: np.ndarray, capacity: int, keep_dtype: bool = False) -> np.ndarray:
+    """`lengths` as int64 (or as they are, when `keep_dtype` and already integers: no copy of an
+    int32 chunk table), checked to lie in 1..capacity."""
+    lengths = np.asarray(lengths)
+    if not keep_dtype or lengths.dtype.kind not in "iu":
+        lengths = lengths.astype(np.int64, copy=False)
     if capacity < 1:
         raise ValueError(f"pack capacity must be >= 1, got {capacity}")
     if len(lengths) and (lengths.min() < 1 or lengths.max() > capacity):
@@ -66,29 +70,46 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray,
     a new pack. Returns (items, ptr) with packs in the order they were opened, items in insertion
     order (int64 both). numba kernel when available, else `_best_fit_decreasing_reference`.
     """
-    lengths = _check_lengths(lengths, capacity)
+    lengths = _check_lengths(lengths, capacity, keep_dtype=True)
     kernels = numba_kernels()
     if kernels is None or len(lengths) > _KERNEL_MAX_ITEMS or capacity > kernels.MAX_KEY:
         return _best_fit_decreasing_reference(lengths, capacity)
     return kernels.best_fit_decreasing_kernel(lengths, int(capacity))
 
 
-def best_fit_buffered(lengths: np.ndarray, capacity: int, buffer: int) -> tuple[np.ndarray, np.ndarray]:
+def best_fit_buffered(
+    lengths: np.ndarray, capacity: int, buffer: int, order: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Online best fit over the items in the given order (item i has length lengths[i]).
 
     A candidate buffer holds the next `buffer` items of the order. A pack is filled by repeatedly
     taking the longest buffered item that fits the space left (ties: the earliest in the order),
     refilling the buffer from the order after each take; the pack closes when nothing buffered fits.
-    Returns (positions in the order, ptr), int64 both. numba kernel when available, else
-    `_best_fit_buffered_reference`.
+    Without `order` the items come in index order and (positions, ptr) is returned, int64 both.
+    With `order` (a permutation of some item indices, e.g. an epoch's chunk order) the items come
+    as order[0], order[1], ... and (order[positions], ptr) is returned, in order's dtype: the same
+    as `best_fit_buffered(lengths[order], ...)` mapped through `order`, without the gathered copy.
+    numba kernel when available, else `_best_fit_buffered_reference`.
     """
-    lengths = _check_lengths(lengths, capacity)
     if buffer < 1:
         raise ValueError(f"train.packing_buffer must be >= 1, got {buffer}")
     kernels = numba_kernels()
-    if kernels is None or len(lengths) > _KERNEL_MAX_ITEMS or capacity > kernels.MAX_KEY:
-        return _best_fit_buffered_reference(lengths, capacity, buffer)
-    return kernels.best_fit_buffered_kernel(lengths, int(capacity), int(min(buffer, max(len(lengths), 1))))
+    fast = kernels is not None and capacity <= kernels.MAX_KEY
+    if order is not None:
+        order = np.asarray(order)
+        if not fast or len(order) > _KERNEL_MAX_ITEMS:
+            seq, ptr = _best_fit_buffered_reference(np.asarray(lengths)[order], capacity, buffer)
+            return order[seq], ptr
+        _check_lengths(lengths, capacity, keep_dtype=True)  # every item, whether in order or not
+    else:
+        lengths = _check_lengths(lengths, capacity, keep_dtype=True)
+        if not fast or len(lengths) > _KERNEL_MAX_ITEMS:
+            return _best_fit_buffered_reference(lengths, capacity, buffer)
+        order = np.arange(len(lengths), dtype=np.int64)
+    assert kernels is not None
+    return kernels.best_fit_buffered_kernel(
+        lengths, order, int(capacity), int(min(buffer, max(len(order), 1)))
+    )
 
 
 # --- the pure-Python reference implementations (the fallback without numba) -----------------------

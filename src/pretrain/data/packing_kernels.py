@@ -114,23 +114,24 @@ def bit_at_least(b0, b1, b2, key):
 
 
 @njit(cache=True, nogil=True)
-def best_fit_buffered_kernel(lengths, capacity, buffer):
-    """Per-length FIFO queues of the buffered positions (a position enters its queue in order, so
-    the head is the earliest of its length) and a max segment tree over lengths 1..capacity whose
-    leaf l holds l while its queue is not empty: the longest buffered item that fits `space` is
-    the max over leaves 0..space."""
-    n = lengths.shape[0]
+def best_fit_buffered_kernel(lengths, order, capacity, buffer):
+    """Best fit over the items order[0], order[1], ... (item i has length lengths[i]); returns the
+    items pack by pack (order's dtype) and the int64 pack pointers.
+
+    Per-length FIFO queues of the buffered positions (a position enters its queue in order, so the
+    head is the earliest of its length) and a bitset of the lengths whose queue is not empty: the
+    longest buffered item that fits `space` is the largest set length <= space."""
+    n = order.shape[0]
     b0, b1, b2 = new_bitset(capacity)
     head = np.full(capacity + 1, -1, dtype=np.int32)
     tail = np.full(capacity + 1, -1, dtype=np.int32)
     after = np.full(n, -1, dtype=np.int32)  # next position in the same length's queue
-    seq = np.empty(n, dtype=np.int64)
-    ptr = np.empty(n + 1, dtype=np.int64)
-    ptr[0] = 0
+    out = np.empty(n, dtype=order.dtype)
+    sizes = np.empty(n, dtype=np.int32)  # items per pack
     queued = 0
     nxt = 0
     while nxt < n and nxt < buffer:
-        length = lengths[nxt]
+        length = lengths[order[nxt]]
         if head[length] < 0:
             head[length] = nxt
             bit_set(b0, b1, b2, length)
@@ -143,20 +144,22 @@ def best_fit_buffered_kernel(lengths, capacity, buffer):
     packs = 0
     while queued > 0:
         space = capacity
+        count = 0
         while True:
             length = bit_at_most(b0, b1, b2, space)
             if length <= 0:
                 break
-            item = head[length]
-            head[length] = after[item]
+            position = head[length]
+            head[length] = after[position]
             if head[length] < 0:
                 bit_clear(b0, b1, b2, length)
-            seq[taken] = item
+            out[taken] = order[position]
             taken += 1
+            count += 1
             queued -= 1
             space -= length
             if nxt < n:
-                length = lengths[nxt]
+                length = lengths[order[nxt]]
                 if head[length] < 0:
                     head[length] = nxt
                     bit_set(b0, b1, b2, length)
@@ -167,9 +170,12 @@ def best_fit_buffered_kernel(lengths, capacity, buffer):
                 queued += 1
             if space == 0:
                 break
+        sizes[packs] = count
         packs += 1
-        ptr[packs] = taken
-    return seq, ptr[: packs + 1].copy()
+    ptr = np.zeros(packs + 1, dtype=np.int64)
+    for p in range(packs):
+        ptr[p + 1] = ptr[p] + sizes[p]
+    return out, ptr
 
 
 @njit(cache=True, nogil=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from filelock import FileLock
 
 from ..arrays import run_positions
 from ..errors import ConfigError
@@ -126,16 +127,21 @@ class PolicySettings:
 @dataclass(frozen=True)
 class Layout:
     """Units (padded rows or packs) of a split: unit u holds items ptr[u] : ptr[u + 1], item i being
-    inputs tokens[start[i] : start[i] + length[i]] of document doc[i] (targets one token further).
+    row `rows[i]` of `table`, i.e. inputs tokens[start : start + length] of document doc (targets one
+    token further). `table` is the split's chunk table (padded, bestfit, bfd) or concat's window
+    pieces; `rows` is None when the items are the table's rows in order (concat windows).
+
+    Only int64 index arrays are held: 8 bytes per item plus the pointers (the chunk table is the
+    sampler's, shared by every epoch), never a copy of the chunks' start, length or doc per plan.
+    `start`, `length`, `doc` and `item_id` give whole arrays (materialised: statistics only);
+    `starts`, `lengths`, `docs` and `ids` give those of some items (what a batch needs).
 
     `item_id` names items for bookkeeping: the global chunk id in the split's chunk table, or for
     concat windows the piece index. `ends_document` (concat only) marks items whose last input is
     their document's EOS, so that their last target is the next document's first token."""
 
-    start: np.ndarray
-    length: np.ndarray
-    doc: np.ndarray
-    item_id: np.ndarray
+    table: ChunkTable
+    rows: np.ndarray | None
     ptr: np.ndarray
     ends_document: np.ndarray | None = None
 
@@ -143,12 +149,67 @@ class Layout:
         return len(self.ptr) - 1
 
     @property
+    def num_items(self) -> int:
+        return len(self.table) if self.rows is None else len(self.rows)
+
+    def _rows(self, items: np.ndarray) -> np.ndarray:
+        return items if self.rows is None else self.rows[items]
+
+    def starts(self, items: np.ndarray) -> np.ndarray:
+        return self.table.start[self._rows(items)]
+
+    def lengths(self, items: np.ndarray) -> np.ndarray:
+        return self.table.length[self._rows(items)]
+
+    def docs(self, items: np.ndarray) -> np.ndarray:
+        return self.table.doc[self._rows(items)]
+
+    def ids(self, items: np.ndarray) -> np.ndarray:
+        return np.asarray(self._rows(np.asarray(items, dtype=np.int64)), dtype=np.int64)
+
+    @property
+    def item_id(self) -> np.ndarray:
+        return np.arange(len(self.table), dtype=np.int64) if self.rows is None else self.rows
+
+    @property
+    def start(self) -> np.ndarray:
+        return self.table.start if self.rows is None else self.table.start[self.rows]
+
+    @property
+    def length(self) -> np.ndarray:
+        return self.table.length if self.rows is None else self.table.length[self.rows]
+
+    @property
+    def doc(self) -> np.ndarray:
+        return self.table.doc if self.rows is None else self.table.doc[self.rows]
+
+    @property
+    def real_tokens(self) -> int:
+        """Real tokens of all units (summed in blocks: no whole-epoch temporary)."""
+        if self.rows is None:
+            return int(self.table.length.sum())
+        block = 1 << 20
+        return sum(
+            int(self.table.length[self.rows[i : i + block]].sum()) for i in range(0, len(self.rows), block)
+        )
+
+    @property
     def unit_tokens(self) -> np.ndarray:
         """Real tokens per unit."""
-        if len(self.length) == 0:
+        length = self.length
+        if len(length) == 0:
             return np.zeros(len(self), dtype=np.int64)
-        sums = np.add.reduceat(self.length, np.minimum(self.ptr[:-1], len(self.length) - 1))
+        sums = np.add.reduceat(length, np.minimum(self.ptr[:-1], len(length) - 1))
         return np.where(np.diff(self.ptr) > 0, sums, 0)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this layout holds beyond the chunk table it indexes (concat: its pieces too)."""
+        own = self.ptr.nbytes + (0 if self.ends_document is None else self.ends_document.nbytes)
+        if self.rows is None:
+            table = self.table
+            return own + table.doc.nbytes + table.start.nbytes + table.length.nbytes
+        return own + self.rows.nbytes
 
     def items_of(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Item indices of `units` (in that order) and the number of items of each unit."""
@@ -159,9 +220,24 @@ class Layout:
 
 
 def _chunk_layout(table: ChunkTable, items: np.ndarray, ptr: np.ndarray) -> Layout:
+    """Items are chunk ids (int32 when the table has fewer than 2^31 chunks: 4 bytes per chunk)."""
     return Layout(
-        start=table.start[items], length=table.length[items], doc=table.doc[items], item_id=items, ptr=ptr
+        table=table,
+        rows=np.asarray(items, dtype=_index_dtype(len(table))),
+        ptr=np.asarray(ptr, dtype=np.int64),
     )
+
+
+def _index_dtype(count: int) -> type[np.signedinteger]:
+    return np.int32 if count < 2**31 else np.int64
+
+
+def shuffled(rng: np.random.Generator, count: int) -> np.ndarray:
+    """`rng.permutation(count)`, the same permutation, as int32 when it fits (half the memory and
+    a faster shuffle than int64 at 10B-token scale)."""
+    order = np.arange(count, dtype=_index_dtype(count))
+    rng.shuffle(order)
+    return order
 
 
 def first_chunk_ids(table: ChunkTable) -> np.ndarray:
@@ -179,9 +255,8 @@ def padded_layout(table: ChunkTable) -> Layout:
 
 def bestfit_layout(table: ChunkTable, order: np.ndarray, buffer: int) -> Layout:
     """Online best fit of the chunks taken in `order` (a permutation of chunk ids)."""
-    order = np.asarray(order, dtype=np.int64)
-    seq, ptr = best_fit_buffered(table.length[order], table.max_seq_len, buffer)
-    return _chunk_layout(table, order[seq], ptr)
+    items, ptr = best_fit_buffered(table.length, table.max_seq_len, buffer, order=np.asarray(order))
+    return _chunk_layout(table, items, ptr)
 
 
 def bfd_layout(table: ChunkTable) -> Layout:
@@ -225,13 +300,29 @@ def _read_packs(path: Path, header: dict) -> dict | None:
         return None
 
 
+def _build_packs(split: TokenSplit, table: ChunkTable, strategy: str) -> dict[str, np.ndarray]:
+    if strategy == "bfd":
+        items, ptr = best_fit_decreasing(table.length, table.max_seq_len)
+        return {"items": items, "ptr": ptr}
+    w = concat_windows(split.offsets, split.lengths, table.max_seq_len)
+    return {
+        "start": w.start,
+        "length": w.length,
+        "doc": w.doc,
+        "ends_document": w.ends_document,
+        "ptr": w.ptr,
+    }
+
+
 def load_or_build_packs(
     split: TokenSplit, table: ChunkTable, strategy: str, packs_dir: Path | None = None
 ) -> Layout:
     """The prepacked layout of a split: read from `packs_dir` when a file with the same header
-    (format, strategy, max_seq_len, split name and fingerprint) is there, else built and written
-    atomically (tmp file + os.replace), so concurrent ranks never see a torn file. Without
-    `packs_dir` the packs are only built in memory."""
+    (format, strategy, max_seq_len, split name and fingerprint) is there, else built once and written
+    atomically (tmp file + os.replace). The build runs under a file lock in `packs_dir`: of ranks
+    starting together one builds, the others wait and then load its file (a 10B-token BFD plan is
+    built once, not by every rank at once). Without `packs_dir`, or when it cannot be written (a
+    warning says so), the packs are only built in memory."""
     _choice(strategy, "data.strategy", STRATEGIES)
     max_seq_len = table.max_seq_len
     header = {
@@ -243,32 +334,38 @@ def load_or_build_packs(
     }
     path = packs_path(packs_dir, split.name, strategy, max_seq_len) if packs_dir is not None else None
     stored = _read_packs(path, header) if path is not None and path.exists() else None
-    if stored is None:
-        if path is not None and path.exists():
-            log.warning("rebuilding stale or unreadable packs %s", path)
-        if strategy == "bfd":
-            items, ptr = best_fit_decreasing(table.length, max_seq_len)
-            stored = {"items": items, "ptr": ptr}
+    if stored is None and path is not None:
+        lock = FileLock(str(path.with_name(f"{path.name}.lock")))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+        except OSError as error:
+            log.warning("cannot write packs under %s (%s): building them in memory", path.parent, error)
         else:
-            w = concat_windows(split.offsets, split.lengths, max_seq_len)
-            stored = {
-                "start": w.start,
-                "length": w.length,
-                "doc": w.doc,
-                "ends_document": w.ends_document,
-                "ptr": w.ptr,
-            }
-        if path is not None:
-            _write_atomic(path, {"header": np.array(json.dumps(header, sort_keys=True)), **stored})
+            try:
+                stored = _read_packs(path, header) if path.exists() else None  # another rank's
+                if stored is None:
+                    if path.exists():
+                        log.warning("rebuilding stale or unreadable packs %s", path)
+                    stored = _build_packs(split, table, strategy)
+                    _write_atomic(path, {"header": np.array(json.dumps(header, sort_keys=True)), **stored})
+            finally:
+                lock.release()
+    if stored is None:
+        stored = _build_packs(split, table, strategy)
     if strategy == "bfd":
-        return _chunk_layout(table, stored["items"].astype(np.int64), stored["ptr"].astype(np.int64))
+        return _chunk_layout(table, stored["items"], stored["ptr"])
+    pieces = ChunkTable(
+        doc=np.asarray(stored["doc"], dtype=np.int64),
+        start=np.asarray(stored["start"], dtype=np.int64),
+        length=np.asarray(stored["length"], dtype=np.int64),
+        max_seq_len=max_seq_len,
+    )
     return Layout(
-        start=stored["start"],
-        length=stored["length"],
-        doc=stored["doc"],
-        item_id=np.arange(len(stored["start"]), dtype=np.int64),
-        ptr=stored["ptr"],
-        ends_document=stored["ends_document"].astype(bool),
+        table=pieces,
+        rows=None,
+        ptr=np.asarray(stored["ptr"], dtype=np.int64),
+        ends_document=np.asarray(stored["ends_document"], dtype=bool),
     )
 
 

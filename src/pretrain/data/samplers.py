@@ -32,6 +32,7 @@ from .policies import (
     bestfit_layout,
     load_or_build_packs,
     padded_layout,
+    shuffled,
     split_chunks,
     split_fingerprint,
 )
@@ -42,18 +43,33 @@ STATE_VERSION = 2  # 2: settings named by their config keys
 
 @dataclass(frozen=True)
 class EpochPlan:
+    """An epoch as arrays only: the layout (index arrays into the sampler's chunk table) and the
+    unit order (None: the units in layout order, as bestfit serves them)."""
+
     layout: Layout
-    order: np.ndarray  # unit ids in epoch order
+    order: np.ndarray | None  # unit ids in epoch order (int32 when they fit); None: 0, 1, 2, ...
     batch_size: int  # units per batch
     global_batches: int  # batches the whole order makes (the last may be partial)
     batches: int  # batches per rank
 
+    def ordered(self, first: int = 0, stop: int | None = None) -> np.ndarray:
+        """Unit ids at epoch positions first..stop-1 (int64)."""
+        stop = len(self.layout) if stop is None else min(stop, len(self.layout))
+        if self.order is None:
+            return np.arange(first, max(first, stop), dtype=np.int64)
+        return self.order[first:stop].astype(np.int64)
+
     def units_of(self, global_index: int) -> np.ndarray:
-        return self.order[global_index * self.batch_size : (global_index + 1) * self.batch_size]
+        return self.ordered(global_index * self.batch_size, (global_index + 1) * self.batch_size)
 
     @property
     def real_tokens(self) -> int:
-        return int(self.layout.length.sum())
+        return self.layout.real_tokens
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this plan's own arrays (layout and order; the chunk table is the sampler's)."""
+        return self.layout.nbytes + (0 if self.order is None else self.order.nbytes)
 
 
 class Sampler:
@@ -102,7 +118,7 @@ class Sampler:
         raise NotImplementedError
 
     def _gather(self, layout: Layout, items: np.ndarray, counts: np.ndarray) -> PackedBatch:
-        starts, lengths = layout.start[items], layout.length[items]
+        starts, lengths = layout.starts(items), layout.lengths(items)
         return gather_packed(self.split.tokens, starts, lengths, counts, self.max_seq_len)
 
     def policy_settings(self) -> dict:
@@ -150,10 +166,8 @@ class Sampler:
     def _rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng([self.settings.seed & (2**64 - 1), epoch])
 
-    def _unit_order(self, epoch: int, units: int) -> np.ndarray:
-        if self.shuffle_units:
-            return self._rng(epoch).permutation(units)
-        return np.arange(units, dtype=np.int64)
+    def _unit_order(self, epoch: int, units: int) -> np.ndarray | None:
+        return shuffled(self._rng(epoch), units) if self.shuffle_units else None
 
     def plan(self, epoch: int) -> EpochPlan:
         """The units of `epoch` in order and how they are batched."""
@@ -186,7 +200,7 @@ class Sampler:
             global_index=global_index,
             rank=self.rank,
             packs=units,
-            chunks=plan.layout.item_id[items],
+            chunks=plan.layout.ids(items),
         )
         return out
 
@@ -195,15 +209,15 @@ class Sampler:
         epoch = self.epoch if epoch is None else epoch
         plan = self.plan(epoch)
         served = plan.batches * self.world_size * self.batch_size
-        dropped_units = plan.order[served:]
+        dropped_units = plan.ordered(served)
         items, _ = plan.layout.items_of(dropped_units)
         return {
             "units": len(plan.layout),
             "global_batches": plan.global_batches,
             "batches_per_rank": plan.batches,
             "dropped_units": dropped_units,
-            "dropped_items": plan.layout.item_id[items],
-            "dropped_tokens": int(plan.layout.length[items].sum()),
+            "dropped_items": plan.layout.ids(items),
+            "dropped_tokens": int(plan.layout.lengths(items).sum()),
         }
 
     # --- the interface ---------------------------------------------------------------------------
@@ -271,9 +285,9 @@ class PaddedSampler(Sampler):
         return self._padded
 
     def _gather(self, layout: Layout, items: np.ndarray, counts: np.ndarray) -> PackedBatch:
-        lengths = layout.length[items]
+        lengths = layout.lengths(items)
         width = self.max_seq_len if self.settings.pad_to == "max" else int(lengths.max())
-        return gather_padded(self.split.tokens, layout.start[items], lengths, width)
+        return gather_padded(self.split.tokens, layout.starts(items), lengths, width)
 
     def policy_settings(self) -> dict:
         return {"data.pad_to": self.settings.pad_to}
@@ -283,7 +297,7 @@ class PaddedSampler(Sampler):
         rows = len(plan.layout)
         if self.settings.pad_to == "max":
             return rows * self.max_seq_len
-        ordered = plan.layout.unit_tokens[plan.order]
+        ordered = plan.layout.unit_tokens[plan.ordered()]
         heads = np.arange(0, rows, plan.batch_size)
         return (
             int((np.maximum.reduceat(ordered, heads) * np.diff(np.append(heads, rows))).sum()) if rows else 0
@@ -310,7 +324,7 @@ class PrepackedSampler(Sampler):
         out = super()._gather(layout, items, counts)
         if self.settings.strategy != "concat":
             return out
-        lengths = layout.length[items]
+        lengths = layout.lengths(items)
         assert layout.ends_document is not None  # concat windows mark them
         ends = layout.ends_document[items]
         if ends.any():  # the pair EOS -> next document's first token
@@ -319,7 +333,7 @@ class PrepackedSampler(Sampler):
                 out.targets[rows] = IGNORE_INDEX
                 out = replace(out, num_targets=out.num_targets - int(ends.sum()))
             else:
-                first = self.split.offsets[layout.doc[items][ends] + 1]
+                first = self.split.offsets[layout.docs(items[ends]) + 1]
                 out.targets[rows] = torch.from_numpy(np.asarray(self.split.tokens[first], dtype=np.int64))
         if not self.settings.document_mask:  # one segment per window: later documents see earlier ones
             windows = out.pack_lengths.numpy()
@@ -351,7 +365,7 @@ class PrepackedSampler(Sampler):
         real = int(unit_tokens.sum())
         if not self._windows_unmasked() or not real:
             return 0.0
-        first_piece = layout.length[layout.ptr[:-1][np.diff(layout.ptr) > 0]]
+        first_piece = layout.lengths(layout.ptr[:-1][np.diff(layout.ptr) > 0])
         return float((unit_tokens[unit_tokens > 0] - first_piece).sum() / real)
 
 
@@ -363,8 +377,8 @@ class BestFitSampler(Sampler):
     shuffle_units = False  # the chunk order is shuffled before packing; packs keep their order
 
     def _layout(self, epoch: int) -> Layout:
-        chunks = len(self.table)
-        return bestfit_layout(self.table, self._rng(epoch).permutation(chunks), self.settings.packing_buffer)
+        order = shuffled(self._rng(epoch), len(self.table))  # the chunk order of this epoch
+        return bestfit_layout(self.table, order, self.settings.packing_buffer)
 
     def policy_settings(self) -> dict:
         return {"train.packing_buffer": self.settings.packing_buffer}
