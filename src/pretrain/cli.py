@@ -1,4 +1,4 @@
-"""The `pretrain` command: prepare, inspect-data, compare, eval, export.
+"""The `pretrain` command: prepare, verify, inspect-data, compare, eval, export.
 
 Errors a user can fix (`pretrain.errors.PretrainError` and Hydra's config errors) are printed in one
 line with exit status 2; anything else keeps its traceback.
@@ -67,6 +67,31 @@ def cmd_prepare(overrides: list[str]) -> int:
     return 0
 
 
+def cmd_verify(overrides: list[str]) -> int:
+    """Full sha256 verification of the config's cache, in place (it may be read-only)."""
+    from .data.prepare import verify_existing
+
+    _, spec = _cache_spec(overrides)
+    result = verify_existing(spec, "full")
+    table = Table(title=f"verify {result.directory.name} (full)")
+    for column in ("file", "bytes", "sha256", "check"):
+        table.add_column(column, justify="right" if column == "bytes" else "left")
+    files = result.manifest["splits"]
+    for split in files:
+        for entry in files[split]["files"].values():
+            check = "sha256 matches" if entry["name"] in result.hashed else "stat unchanged since verified"
+            table.add_row(entry["name"], f"{entry['bytes']:,}", entry["sha256"][:16], check)
+    index = "JSONL and .index.npy indexes agree, tile the tokens, EOS closes every document; "
+    table.caption = (
+        f"manifest checksum and identity ok; token_dtype {result.manifest['token_dtype']}; "
+        + (index if result.index_checked else "")
+        + f"{result.seconds:.1f} s; verified record: {result.record or 'none (nowhere writable)'}"
+    )
+    Console().print(table)
+    print(result.directory)
+    return 0
+
+
 def cmd_inspect(overrides: list[str]) -> int:
     output, overrides = _split_option(overrides, "output")
     if not output:
@@ -132,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument(
         "overrides", nargs="*", help="Hydra overrides, e.g. source=local source.files='[a.parquet]'"
     )
+    verify = sub.add_parser("verify", help="full sha256 verification of the cache; prints its directory last")
+    verify.add_argument("overrides", nargs="*", help="Hydra overrides naming the cache, as for prepare")
     inspect = sub.add_parser("inspect-data", help="statistics of the cache under the chosen policy")
     inspect.add_argument("overrides", nargs="*", help="Hydra overrides plus output=FILE.json")
     compare = sub.add_parser("compare", help="loss and padding waste of runs or sweeps side by side")
@@ -165,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                 return cmd_prepare(args.overrides)
             if args.command == "inspect-data":
                 return cmd_inspect(args.overrides)
+            if args.command == "verify":
+                return cmd_verify(args.overrides)
             if args.command == "eval":
                 return cmd_eval(args.checkpoint, args.overrides)
             if args.command == "export":
