@@ -167,7 +167,9 @@ def test_metrics_file_appends_rows_and_rewrites_only_for_a_new_column(tmp_path):
         handle.write("5,1.2")
     assert _file_steps(path) == [1, 2, 3, 4]
     resumed = MetricsFile(path)
+    inode = path.stat().st_ino
     notice = resumed.start(3)
+    assert path.stat().st_ino == inode  # the kept rows come first: the file is cut after them
     assert notice == (
         f"resuming after step 3: {path} keeps its 3 rows up to that step and drops 1 rows logged after "
         "it before the interruption (steps 4..4): those steps are trained again"
@@ -179,6 +181,16 @@ def test_metrics_file_appends_rows_and_rewrites_only_for_a_new_column(tmp_path):
         fresh.start(0) or ""
     )
     assert not path.exists()
+
+
+def test_a_resume_keeps_earlier_steps_wherever_they_are_in_the_file(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,train/loss\r\n1,3.0\r\n2,2.0\r\n5,0.5\r\n3,1.0\r\nx,9\r\n")
+    assert "keeps its 3 rows up to that step and drops 2 rows" in (MetricsFile(path).start(3) or "")
+    assert path.read_text() == "step,train/loss\n1,3.0\n2,2.0\n3,1.0\n"
+    path.write_text("step,train/loss\r\n1,3.0\r\n2,2.0\r\n5,0.5\r\n")
+    MetricsFile(path).start(2)
+    assert path.read_bytes() == b"step,train/loss\r\n1,3.0\r\n2,2.0\r\n"  # cut after its first rows
 
 
 def test_an_unreadable_metrics_file_is_moved_aside_not_appended_to(tmp_path):

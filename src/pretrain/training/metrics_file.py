@@ -39,9 +39,14 @@ def read_table(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 
     A last line cut off by a kill (no newline at its end, or fewer cells than the header) is left out.
     Raises ConfigError naming the file when it is not a CSV file with a `step` column."""
-    path = Path(path)
+    header, rows, _ = _parse(Path(path))
+    return header, rows
+
+
+def _parse(path: Path) -> tuple[list[str], list[dict[str, str]], list[str]]:
+    """read_table, plus the file's complete lines (line endings kept) when each is one record."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as error:
         raise ConfigError(
             f"{path} is not a metrics file (not UTF-8 text: {error.reason}): pass the directory of a run "
@@ -61,8 +66,9 @@ def read_table(path: Path) -> tuple[list[str], list[dict[str, str]]]:
             f"{path} is not a metrics file: its header has no `{STEP}` column (found: {found}); pass the "
             "directory of a run written by python train.py, or move this file away"
         )
-    rows = [dict(zip(header, cells, strict=True)) for cells in parsed[1:] if len(cells) == len(header)]
-    return header, rows
+    complete = [cells for cells in parsed[1:] if len(cells) == len(header)]
+    rows = [dict(zip(header, cells, strict=True)) for cells in complete]
+    return header, rows, lines if len(complete) == len(parsed) - 1 == len(lines) - 1 else []
 
 
 def row_step(row: dict[str, str]) -> int | None:
@@ -138,19 +144,23 @@ class MetricsFile:
         if not self.path.is_file():
             return None
         try:
-            header, rows = read_table(self.path)
+            header, rows, lines = _parse(self.path)
         except ConfigError as error:
             moved = self.path.with_name(UNREADABLE_NAME)
             os.replace(self.path, moved)
             return f"{error}; moved it to {moved} and starting a new {self.path.name}"
         steps = [row_step(row) for row in rows]
-        kept = [row for row, step in zip(rows, steps, strict=True) if step is not None and step <= start_step]
-        dropped = [step for step in steps if step is None or step > start_step]
+        keep = [step is not None and step <= start_step for step in steps]
+        kept = [row for row, keeping in zip(rows, keep, strict=True) if keeping]
+        dropped = [step for step, keeping in zip(steps, keep, strict=True) if not keeping]
         self.columns = header if kept else []
-        if kept:
-            self._rewrite(kept)
-        else:
+        if not kept:
             self.path.unlink()
+        elif lines and all(keep[: len(kept)]):
+            # The kept rows come first (the usual case): cut the file after them, no rewrite.
+            os.truncate(self.path, sum(len(line.encode("utf-8")) for line in lines[: len(kept) + 1]))
+        else:
+            self._rewrite(kept)
         if start_step == 0:
             if not rows:
                 return None
