@@ -20,7 +20,6 @@ from filelock import FileLock, Timeout
 from ..errors import CacheError
 from .build import BATCH_CHARS, build_cache
 from .cache import (
-    MANIFEST,
     REBUILD_HINT,
     Cache,
     CacheSpec,
@@ -49,7 +48,7 @@ def _log(message: str) -> None:
 
 def verify_existing(spec: CacheSpec, mode: str | None = None) -> Verification:
     """Verify the cache of `spec` in place (no write to it): `mode` defaults to `spec.verify`."""
-    if not (spec.directory / MANIFEST).exists() and not spec.directory.exists():
+    if not spec.directory.exists():
         raise CacheError(f"no cache at {spec.directory}; build it with `pretrain prepare` (same overrides)")
     return check_cache(spec.directory, spec.identity, mode or spec.verify)
 
@@ -82,8 +81,9 @@ def _build(spec: CacheSpec, *, progress: bool) -> Cache:
             "set cache_root (or PRETRAIN_CACHE_ROOT) to a writable directory, or build it there first"
         ) from error
     if not writable_dir(root):
+        what = "the cache failed verification (above)" if directory.exists() else "no cache"
         raise CacheError(
-            f"no cache {key} under {root}, and {root} is not writable: build it where you can write "
+            f"{what} {key} under {root}, and {root} is not writable: build it where you can write "
             "(cache_root=... or PRETRAIN_CACHE_ROOT=...) or ask the root's owner to `pretrain prepare` it"
         )
     lock = FileLock(str(root / f"{key}.lock"))

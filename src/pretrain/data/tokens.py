@@ -43,6 +43,13 @@ class DocumentIds(Sequence[str]):
                 self._ids = ids
             return self._ids
 
+    def __getstate__(self) -> dict:  # picklable (DataLoader workers): the lock stays behind
+        return {"path": self.path, "count": self._count, "ids": self._ids}
+
+    def __setstate__(self, state: dict) -> None:
+        self.path, self._count, self._ids = state["path"], state["count"], state["ids"]
+        self._lock = threading.Lock()
+
     @property
     def loaded(self) -> bool:
         return self._ids is not None
