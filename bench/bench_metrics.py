@@ -2,7 +2,7 @@
 file at every step (the O(n^2) way) and Lightning's CSVLogger (flushing every step, and its default of
 every 100 steps, which a kill can cost up to 99 rows); and what a resume's one-time take-over costs.
 
-Rows have the 11 columns a CPU run logs (step, lr and nine train/ metrics).
+Rows have the 10 columns a CPU run logs without validation (step, lr and eight train/ metrics).
 """
 
 from __future__ import annotations
