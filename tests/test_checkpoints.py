@@ -4,6 +4,7 @@ train.keep_checkpoints, ckpt_path=auto, and resumes that cannot train anything r
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -11,7 +12,6 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import module_cache_root
 
 from pretrain.config import load_config
 from pretrain.errors import CheckpointError, ConfigError
@@ -25,7 +25,15 @@ from pretrain.training.checkpoints import (
 )
 from pretrain.training.run import train
 
-cache_root = module_cache_root()
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory):
+    """One cache for this module and test_preemption.py (the same session folder, under a file lock)."""
+    root = tmp_path_factory.getbasetemp() / "checkpoint-tests-cache"
+    os.environ["PRETRAIN_CACHE_ROOT"] = str(root)
+    yield root
+    os.environ.pop("PRETRAIN_CACHE_ROOT", None)
+
 
 SMALL = [  # the smallest run that still trains: one block of width 32, 2 packs of 32 tokens
     "experiment=smoke",

@@ -13,6 +13,7 @@ A requeued job finds its checkpoints through its run directory (rundir.py) and `
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -38,9 +39,10 @@ def exit_code(signum: int) -> int:
 class Preemption(L.Callback):
     """Turns the handled signals into a stop at the next update boundary, agreed by all ranks.
 
-    The handlers are installed when training starts (after Lightning's own, which they replace: its
-    SIGTERM handler would stop mid-epoch and exit 0, its SLURM one saves inside the handler) and
-    restored by `restore()` (the run calls it whatever happens)."""
+    `install()` before `fit` (so a signal during set-up is not lost either); when training starts the
+    handlers replace the one Lightning registered meanwhile (it would stop mid-epoch and exit 0; its
+    SLURM one saves inside the handler). Lightning's teardown puts ours back, so they stay through the
+    final checkpoint; `restore()` (the run calls it whatever happens) reinstates the original ones."""
 
     def __init__(self, signals: tuple[signal.Signals, ...] = HANDLED):
         self.signals = signals
@@ -57,6 +59,14 @@ class Preemption(L.Callback):
             raise KeyboardInterrupt
         if self.received is None:
             self.received = signal.Signals(signum)
+            again = " (Ctrl-C again aborts without one)" if signum == signal.SIGINT else ""
+            message = (
+                f"received {self.received.name}: stopping after the current update with a checkpoint{again}\n"
+            )
+            try:
+                os.write(2, message.encode())
+            except OSError:
+                pass
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -75,7 +85,9 @@ class Preemption(L.Callback):
 
     # --- Lightning hooks -----------------------------------------------------------------------
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.install()
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.signals:  # over the SIGTERM handler Lightning registered in fit()
+                signal.signal(signum, self._handle)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx) -> None:
         signum = self._agreed_signal(trainer)
@@ -86,15 +98,8 @@ class Preemption(L.Callback):
         trainer.should_stop = True
         if trainer.is_global_zero:
             print(
-                f"received {self.stopped_by.name}: stopping after update {self.stopped_at}, "
-                "saving a checkpoint"
-                + (" (Ctrl-C again aborts without one)" if signum == signal.SIGINT else ""),
-                file=sys.stderr,
-                flush=True,
+                f"{self.stopped_by.name}: stopped after update {self.stopped_at}", file=sys.stderr, flush=True
             )
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.restore()
 
     def _agreed_signal(self, trainer: L.Trainer) -> int | None:
         """The largest signal number any rank received (0 = none): one small all-reduce per update."""

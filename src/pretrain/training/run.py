@@ -227,16 +227,17 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
     trainer = build_trainer(config, output_dir, [*callbacks, preemption])
     started = time.perf_counter()
     deterministic_before = torch.are_deterministic_algorithms_enabled()
+    last = output_dir / "checkpoints" / "last.ckpt"
+    preemption.install()
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
+        # The state after the last trained update (sampler included), checked and recorded when written.
+        trainer.save_checkpoint(last)
     finally:
         preemption.restore()
         # Trainer(deterministic=True) flips a process-wide torch flag; later jobs in this process
         # (a multirun, a notebook) must not inherit it.
         torch.use_deterministic_algorithms(deterministic_before)
-    # The state after the last trained update (sampler included), checked and recorded when written.
-    last = output_dir / "checkpoints" / "last.ckpt"
-    trainer.save_checkpoint(last)
     assert datamodule.cache is not None
     stopped_by = preemption.stopped_by
     summary = {
@@ -275,7 +276,7 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
 
 def report(summary: dict, plot: Path | None = None) -> None:
     """Where everything went, on stderr (and the comparison plot, when the run made one)."""
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # paths and commands stay on one line
     output = Path(summary["output_dir"])
     if plot is not None:
         console.print(f"comparison plot: {plot}")
