@@ -55,8 +55,8 @@ def run_prepare(config: Config, *, progress: bool = True) -> tuple[Path, Cache |
 
 def _register() -> None:
     register_schema()
-    try:  # the run-directory resolver conf/train.yaml may use (registered by train.py too)
-        from .training.preemption import register_run_dir_resolver
+    try:  # the run-directory resolver conf/train.yaml uses (train.py registers it too); no torch import
+        from .training.rundir import register_run_dir_resolver
     except ImportError:
         return
     register_run_dir_resolver()

@@ -49,9 +49,8 @@ import numpy as np
 
 from .. import __version__
 from ..errors import CacheError, ConfigError, PretrainError, TokenizerError
-from . import cache as cache_module
 from . import sources
-from .cache import MANIFEST, SPLITS, CacheSpec, manifest_checksum
+from .cache import SPLITS, CacheSpec, new_manifest, write_manifest
 from .sources import Document, Part, iter_documents, read_part
 from .split import document_split
 from .tokenizer import ENCODERS, Encoder, TokenizerFiles, TokenizersEncoder, build_encoder
@@ -248,6 +247,7 @@ class BuildStats:
     encoder: str = ""
     num_proc: int = 1
     tasks: int = 1
+    worker_peak_rss_mib: float | None = None
 
 
 class Collector:
@@ -480,12 +480,21 @@ def _worker(job: Job, worker: int, out) -> None:
         for part in parts:
             documents = list(read_part(part))
             out.put(("part", encode_documents(documents, encoder, job.split, checker, job.dtype)))
-        out.put(("end", {"encoder": encoder.name, "cross_checked": checker.checked if checker else 0}))
+        checked = checker.checked if checker else 0
+        out.put(("end", {"encoder": encoder.name, "cross_checked": checked, "peak_rss_mib": _peak_rss_mib()}))
     except BaseException as error:
         out.put(("error", _portable(error), traceback.format_exc()))
     finally:
         out.close()
         out.join_thread()
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory (VmHWM), 0 where /proc is not there."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        status = Path("/proc/self/status").read_text()
+        return round(int(status.split("VmHWM:")[1].split()[0]) / 1024, 1)
+    return 0.0
 
 
 def _exit_reason(code: int | None) -> str:
@@ -541,6 +550,7 @@ def _parallel(job: Job, stats: BuildStats) -> Iterator[Encoded]:
                         if message[0] == "end":
                             ended[other] = message[1]
                 stats.cross_checked += sum(e["cross_checked"] for e in ended.values())
+                stats.worker_peak_rss_mib = max(e["peak_rss_mib"] for e in ended.values())
                 return
             yield payload
             k += 1
@@ -593,7 +603,7 @@ def _encoded_parts(spec: CacheSpec, settings: PrepareSettings, stats: BuildStats
         source=spec.source,
         tokenizer_files=spec.tokenizer_files,
         split=spec.identity["split"],
-        dtype=str(spec.identity.get("dtype", "uint32")),
+        dtype=str(spec.identity["dtype"]),
         encoder=settings.encoder,
         tasks=settings.tasks if task is not None else 1,
         task=task or 0,
@@ -602,6 +612,10 @@ def _encoded_parts(spec: CacheSpec, settings: PrepareSettings, stats: BuildStats
         partition=_partition(),
     )
     if num_proc > 1:
+        # The source's first part here first: an unreadable source (an empty file, the hub offline)
+        # is reported before any worker starts, and a source without parts starts none.
+        if next(iter(sources.iter_parts(spec.source)), None) is None:
+            return iter(())
         return _parallel(job, stats)
     if task is None:
         batches = _batches(iter_documents(spec.source))
@@ -640,8 +654,9 @@ def build_cache(spec: CacheSpec, directory: Path, *, progress: bool = True) -> d
     settings = _SETTINGS.get() or PrepareSettings()
     identity = spec.identity
     budgets = identity["budget"]
-    dtype = identity.get("dtype", "uint32")
-    writers = {s: SplitWriter(directory, s, budgets[f"{s}_tokens"], token_dtype=dtype) for s in SPLITS}
+    writers = {
+        s: SplitWriter(directory, s, budgets[f"{s}_tokens"], token_dtype=spec.token_dtype) for s in SPLITS
+    }
     stats = BuildStats(tasks=settings.tasks)
     collector = Collector(writers, stats)
     total = None if None in budgets.values() else sum(budgets.values())
@@ -682,29 +697,13 @@ def build_cache(spec: CacheSpec, directory: Path, *, progress: bool = True) -> d
         "cross_checked_documents": stats.cross_checked,
         "num_proc": stats.num_proc,
         "tasks": stats.tasks,
+        "worker_peak_rss_mib": stats.worker_peak_rss_mib,
         "tokenizer_files": spec.tokenizer_files.fingerprint(),
         "pretrain_version": __version__,
         "python": sys.version.split()[0],
     }
-    return _write_manifest(spec, directory, splits, build)
-
-
-def _write_manifest(spec: CacheSpec, directory: Path, splits: dict, build: dict) -> dict:
-    new_manifest = getattr(cache_module, "new_manifest", None)
-    write_manifest = getattr(cache_module, "write_manifest", None)
-    if new_manifest is not None and write_manifest is not None:
-        manifest = new_manifest(spec, splits, build)
-        write_manifest(directory, manifest)
-        return manifest
-    identity = spec.identity
-    manifest = {"format": identity["format"], "key": spec.key, "identity": identity, "splits": splits}
-    manifest["build"] = build
-    manifest["checksum"] = manifest_checksum(manifest)
-    with open(directory / MANIFEST, "w") as handle:
-        json.dump(manifest, handle, indent=2)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    manifest = new_manifest(spec, splits, build)
+    write_manifest(directory, manifest)
     return manifest
 
 
@@ -757,7 +756,7 @@ def prepare_task(spec: CacheSpec, settings: PrepareSettings, *, progress: bool =
         "tasks": settings.tasks,
         "task": settings.task,
         "partition": _partition(),
-        "dtype": str(spec.identity.get("dtype", "uint32")),
+        "dtype": str(spec.identity["dtype"]),
     }
     count = tokens = 0
     started = time.perf_counter()
@@ -849,7 +848,7 @@ def _staged_parts(spec: CacheSpec, tasks: int, stats: BuildStats) -> Iterator[En
             f"`pretrain prepare prepare.tasks={tasks} prepare.task=<i>` for each (or the multirun), "
             "then this command again"
         )
-    dtype = str(spec.identity.get("dtype", "uint32"))
+    dtype = str(spec.identity["dtype"])
     readers = []
     try:
         for t, path in enumerate(paths):
