@@ -155,7 +155,7 @@ class BudgetConfig:
     """raw tokens collected for validation; null = the whole source"""
 
     def __post_init__(self) -> None:
-        if _is_set(self.train_tokens) and self.train_tokens < 1:
+        if isinstance(self.train_tokens, int) and self.train_tokens < 1:
             raise ConfigError(
                 f"budget.train_tokens={self.train_tokens!r} collects no training data: set a positive "
                 "number of tokens, or budget.train_tokens=null for the whole source"
