@@ -197,3 +197,16 @@ def test_a_disagreement_fails_the_build(make_cfg, monkeypatch, cache_root):
         with pytest.raises(TokenizerError, match="tiktoken and tokenizers disagree on document [0-9a-f]{64}"):
             prepare_cache(spec, progress=False)
     assert not spec.directory.exists()
+
+
+def test_the_ranks_are_tiktokens_own_conversion_of_the_files(monkeypatch):
+    """Our reader of encoder.json/vocab.bpe gives exactly what tiktoken.load makes of them (with its
+    download cache switched off, since it keys local paths by name)."""
+    import tiktoken.load
+
+    from pretrain.data.tokenizer import _gpt2_mergeable_ranks
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
+    files = bundled_files()
+    expected = tiktoken.load.data_gym_to_mergeable_bpe_ranks(str(files.merges), str(files.vocab))
+    assert _gpt2_mergeable_ranks(files) == expected

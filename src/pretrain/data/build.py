@@ -60,7 +60,7 @@ from .writer import SplitWriter
 BATCH_CHARS = 1 << 20  # in-process: texts encoded at once (~250k tokens)
 QUEUE_DEPTH = 4  # encoded parts a worker may be ahead of the writer
 SMALL_SOURCE_BYTES = 32 << 20  # prepare.num_proc=null: local sources below this are encoded in-process
-CROSS_CHECK_DOCUMENTS = 100  # tiktoken builds: documents re-encoded with `tokenizers` (~, per build)
+CROSS_CHECK_DOCUMENTS = 100  # tiktoken builds: documents re-encoded with `tokenizers` (per build)
 CROSS_CHECK_RATE = 16  # ... picked among every 16th document by digest, then 1 in 4096 thereafter
 POLL_SECONDS = 0.2  # how often the writer looks at its workers while it waits
 
@@ -474,8 +474,10 @@ def _worker(job: Job, worker: int, out) -> None:
     try:
         encoder, notice = build_encoder(job.tokenizer_files, job.encoder)
         out.put(("start", {"encoder": encoder.name, "notice": notice if worker == 0 else None}))
-        quota = -(-CROSS_CHECK_DOCUMENTS // job.workers)
-        checker = CrossCheck(job.tokenizer_files, quota) if encoder.name == "tiktoken" else None
+        # Worker 0 cross-checks (its parts are every workers-th part: spread over the whole build); the
+        # others skip building the reference tokenizer.
+        check = encoder.name == "tiktoken" and worker == 0
+        checker = CrossCheck(job.tokenizer_files, CROSS_CHECK_DOCUMENTS) if check else None
         parts = _selected(sources.iter_parts(job.source), job.tasks, job.task, job.workers, worker)
         for part in parts:
             documents = list(read_part(part))

@@ -186,26 +186,33 @@ def _gpt2_mergeable_ranks(files: TokenizerFiles) -> dict[bytes, int]:
     Raises ValueError unless the files are byte-level BPE whose vocabulary is the merges in rank order.
     """
     decoder = _byte_decoder()
+    # Each printable stand-in character -> its byte (as a latin-1 character); any other character of
+    # the first 256 -> U+FFFF, which latin-1 cannot encode: not a byte-level token.
+    table = {code: "\uffff" for code in range(256)}
+    table.update({ord(char): chr(byte) for char, byte in decoder.items()})
+
+    def to_bytes(token: str, where: Path) -> bytes:
+        try:
+            return token.translate(table).encode("latin-1")
+        except UnicodeEncodeError:
+            raise ValueError(f"{where}: {token!r} is not a byte-level BPE token") from None
+
     ranks = {bytes([b]): i for i, b in enumerate(decoder[c] for c in sorted(decoder, key=_rank_of_char))}
-    lines = files.merges.read_text(encoding="utf-8").split("\n")
-    for line in lines:
+    for line in files.merges.read_text(encoding="utf-8").split("\n"):
         if not line.strip() or line.startswith("#version"):
             continue
         parts = line.split()
-        if len(parts) != 2 or any(c not in decoder for c in parts[0] + parts[1]):
+        if len(parts) != 2:
             raise ValueError(f"{files.merges}: {line!r} is not a byte-level BPE merge")
-        ranks[bytes(decoder[c] for c in parts[0] + parts[1])] = len(ranks)
+        ranks[to_bytes(parts[0] + parts[1], files.merges)] = len(ranks)
     vocab = json.loads(files.vocab.read_text(encoding="utf-8"))
-    loaded = {}
-    for token, index in vocab.items():
-        if token in (EOS_TEXT, "<|startoftext|>"):
-            continue
-        if any(c not in decoder for c in token):
-            raise ValueError(f"{files.vocab}: {token!r} is not a byte-level token")
-        loaded[bytes(decoder[c] for c in token)] = index
+    loaded = {to_bytes(token, files.vocab): index for token, index in vocab.items() if token not in _SPECIAL}
     if loaded != ranks:
         raise ValueError(f"{files.vocab} does not list the merges of {files.merges} in rank order")
     return ranks
+
+
+_SPECIAL = (EOS_TEXT, "<|startoftext|>")
 
 
 def _rank_of_char(char: str) -> tuple[int, int]:
