@@ -28,7 +28,13 @@ from ..data.cache import CacheSpec
 from ..data.policies import PolicySettings
 from ..errors import CheckpointError
 from ..model import GPTConfig
-from .checkpoints import AUTO, RecordedModelCheckpoint, VerifiedCheckpointIO, newest_valid_checkpoint
+from .checkpoints import (
+    AUTO,
+    RecordedModelCheckpoint,
+    VerifiedCheckpointIO,
+    newest_valid_checkpoint,
+    write_record,
+)
 from .checks import attention_backend, check_checkpoint
 from .datamodule import PretrainDataModule
 from .loggers import DataStatistics, MetricsStart, build_loggers, finish_loggers
@@ -233,6 +239,8 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
         trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
         # The state after the last trained update (sampler included), checked and recorded when written.
         trainer.save_checkpoint(last)
+        if trainer.is_global_zero and last.is_dir():  # sharded FSDP: a manifest of its files
+            write_record(last)
     finally:
         preemption.restore()
         # Trainer(deterministic=True) flips a process-wide torch flag; later jobs in this process
