@@ -1,25 +1,39 @@
 """Packing policies side by side at capacity 4096: pack utilization, padding waste, cross-document
-attention, and the best-fit sampler's throughput on one core.
+attention, and the best-fit sampler's throughput on one core; epoch plans at scale; validation memory.
 
 Two length distributions: (a) the embedded pydocs corpus (GPT-2 token counts when the package's
 source and tokenizer are importable, else characters / 4), (b) synthetic FineWeb-like documents,
 12,000 lognormal(mu=6, sigma=1) token counts. Only lengths matter for everything but the
 gather-inclusive throughput, which reads random tokens of those lengths.
+
+Plan at scale (`measure_plan`, each in a fresh process): a bestfit epoch plan (the sampler's
+shuffle + best fit, buffer 64) and the prepacked BFD plan of synthetic FineWeb-like chunks at
+max_seq_len 1024, at 10M, 100M and 1B tokens, extrapolated to 10B with the measured growth, for the
+fast planners and (10M, 100M) the pure-Python references; seconds (wall and CPU: on a shared
+machine CPU seconds are the steadier number) and peak memory (tracemalloc: numpy and numba
+allocations). `python bench/bench_packing.py --plan
+10000000000` measures 10B tokens for real. Validation memory (`measure_validation`): peak RSS
+growth of the tiny model scoring one 8192-token microbatch, chunked loss vs one whole-batch head.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import subprocess
+import sys
 import time
+import tracemalloc
 
 import numpy as np
 import torch
 
 from pretrain.config import DataConfig, Policy, TrainConfig
+from pretrain.data import packing
 from pretrain.data.chunking import chunk_table
 from pretrain.data.packing import best_fit_decreasing, concat_windows
-from pretrain.data.policies import PolicySettings, bestfit_layout
+from pretrain.data.policies import PolicySettings, bestfit_layout, shuffled
 from pretrain.data.samplers import build_sampler
 from pretrain.data.synthetic import fineweb_like_lengths
 from pretrain.data.tokens import TokenSplit
@@ -32,6 +46,13 @@ EPOCHS = 5  # best-fit utilization: mean over this many shuffles (seeds 0..EPOCH
 TARGET_UTILIZATION = 0.997
 TARGET_GAP_POINTS = 0.2
 TARGET_TOKENS_PER_S = 50e6
+PLAN_TOKENS = (10_000_000, 100_000_000, 1_000_000_000)
+REFERENCE_TOKENS = (10_000_000, 100_000_000)
+PLAN_SEQ_LEN = 1024
+PLAN_BUFFER = 64
+TARGET_PLAN_SECONDS = 5.0  # per rank, 10B tokens
+TARGET_PLAN_MIB = 1024.0
+TARGET_VALIDATION_MIB = 1024.0
 
 
 def _pydocs_lengths() -> tuple[np.ndarray, str]:
@@ -148,6 +169,232 @@ def _measure(dataset: str, lengths: np.ndarray, repeats: int) -> tuple[list[dict
     return [row], {"metadata_tokens_per_s": meta_rate, "with_gather_tokens_per_s": gather_rate}
 
 
+def _status_mib(key: str) -> float:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def _rss_mib() -> float:
+    """Resident memory now, after resetting the peak (Linux: VmHWM restarts from VmRSS)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        pass
+    return _status_mib("VmRSS")
+
+
+def _peak_rss_mib() -> float:
+    """Peak resident memory since the last `_rss_mib()`."""
+    return _status_mib("VmHWM")
+
+
+def plan_lengths(num_tokens: int, seed: int = 0) -> np.ndarray:
+    """FineWeb-like document lengths adding up to about `num_tokens` (the first documents whose
+    running total stays within it)."""
+    mean = math.exp(6.0 + 0.5)  # lognormal(mu=6, sigma=1)
+    lengths = fineweb_like_lengths(int(num_tokens / mean * 1.05) + 16, seed=seed)
+    return lengths[: max(1, int(np.searchsorted(np.cumsum(lengths), num_tokens, side="right")))]
+
+
+def measure_plan(
+    num_tokens: int,
+    max_seq_len: int = PLAN_SEQ_LEN,
+    buffer: int = PLAN_BUFFER,
+    method: str = "bestfit",
+    reference: bool = False,
+) -> dict:
+    """One epoch plan of synthetic FineWeb-like chunks of `num_tokens` tokens (in this process;
+    `measure_plan_isolated` runs it in a fresh one, so that the compile time is a start-up's).
+
+    `method`: "bestfit" (what a bestfit rank does every epoch: the seeded int32 shuffle, then best
+    fit from a `buffer`-chunk buffer through that order) or "bfd" (the prepacked strategy's
+    best-fit-decreasing, built once). `reference`: the pure-Python reference planners instead.
+    Returns seconds (wall), cpu_seconds, pack_seconds (packing alone), peak_mib (tracemalloc peak
+    of a second, traced run: numpy and numba allocations; None for the reference, whose Python
+    objects would take minutes to trace), compile_seconds (importing numba and compiling the kernels
+    or loading them from its cache), chunks, packs, tokens,
+    plan_bytes_per_chunk (the arrays a plan keeps) and table_bytes_per_chunk (the chunk table)."""
+    lengths = plan_lengths(num_tokens)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    table = chunk_table(offsets, lengths, max_seq_len)
+    del offsets, lengths
+    compile_started = time.perf_counter()
+    kernels = None if reference else packing.numba_kernels()
+    if kernels is not None:  # compile (or load the cached machine code) before timing
+        best_fit_decreasing(table.length[:64], max_seq_len)
+        bestfit_layout(table, np.arange(min(64, len(table)), dtype=np.int32), buffer)
+    compile_seconds = time.perf_counter() - compile_started
+    if reference:
+        os.environ["PRETRAIN_NO_NUMBA"] = "1"
+
+    def plan() -> tuple[float, int, int]:
+        packed = time.perf_counter()
+        if method == "bestfit":
+            order = shuffled(np.random.default_rng([0, 1]), len(table))
+            packed = time.perf_counter()
+            layout = bestfit_layout(table, order, buffer)
+            return time.perf_counter() - packed, len(layout), layout.nbytes
+        items, ptr = best_fit_decreasing(table.length, max_seq_len)
+        return time.perf_counter() - packed, len(ptr) - 1, items.nbytes + ptr.nbytes
+
+    if method not in ("bestfit", "bfd"):
+        raise ValueError(f"method must be bestfit or bfd, got {method!r}")
+    if reference:
+        os.environ["PRETRAIN_NO_NUMBA"] = "1"
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        pack_seconds, packs, kept = plan()  # timed untraced (tracemalloc slows Python code down)
+        seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
+        peak = None
+        if not reference:  # the reference's Python objects would take minutes to trace
+            tracemalloc.start()
+            try:
+                plan()
+                peak = tracemalloc.get_traced_memory()[1] / 2**20
+            finally:
+                tracemalloc.stop()
+    finally:
+        os.environ.pop("PRETRAIN_NO_NUMBA", None)
+    chunks = len(table)
+    return {
+        "method": method,
+        "planner": "reference" if reference else ("numba" if kernels is not None else "reference (no numba)"),
+        "tokens": int(table.total_pairs),
+        "chunks": chunks,
+        "packs": packs,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "pack_seconds": pack_seconds,
+        "compile_seconds": compile_seconds,
+        "peak_mib": peak,
+        "plan_bytes_per_chunk": kept / chunks,
+        "table_bytes_per_chunk": (table.doc.nbytes + table.start.nbytes + table.length.nbytes) / chunks,
+    }
+
+
+def measure_plan_isolated(num_tokens: int, **kwargs) -> dict:
+    """`measure_plan` in a fresh Python process (clean RSS, no memory left from earlier runs)."""
+    args = json.dumps({"num_tokens": num_tokens, **kwargs})
+    done = subprocess.run(
+        [sys.executable, __file__, "--measure-plan", args], capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure_validation(tokens: int = 8192, max_seq_len: int = 1024, whole_batch: bool = False) -> dict:
+    """Peak RSS growth (MiB) of the tiny model (GPT-2 vocabulary) scoring one `tokens`-token validation
+    microbatch without gradients, as training's validation does; `whole_batch` puts the head over
+    the whole microbatch at once (the path before the chunked loss). Meaningful in a fresh process."""
+    from pretrain.data.batch import gather_packed
+    from pretrain.data.tokens import GPT2_VOCAB_SIZE
+    from pretrain.model import GPT, GPTConfig
+    from pretrain.model.loss import eval_chunk_rows, token_cross_entropy
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=GPT2_VOCAB_SIZE, n_layer=4, n_head=4, d_model=128, max_seq_len=max_seq_len)
+    model = GPT(config, attn="sdpa").eval()
+    packs = max(1, tokens // max_seq_len)
+    split = TokenSplit.from_lengths(np.full(packs, max_seq_len + 1), seed=0)
+    batch = gather_packed(
+        split.tokens, split.offsets, np.full(packs, max_seq_len), np.ones(packs, np.int64), max_seq_len
+    )
+    rss_before = _rss_mib()
+    started = time.perf_counter()
+    with torch.no_grad():
+        if whole_batch:
+            rows = batch.num_tokens
+            targets = batch.targets
+            loss = token_cross_entropy(model.hidden_states(batch), model.wte.weight, targets, chunk_rows=rows)
+            loss = loss.sum() / batch.num_targets
+        else:
+            rows = eval_chunk_rows(GPT2_VOCAB_SIZE)
+            loss = model.loss(batch, denominator=batch.num_targets)
+    return {
+        "tokens": batch.num_tokens,
+        "loss_chunk_rows": min(rows, batch.num_tokens),
+        "peak_rss_growth_mib": max(0.0, _peak_rss_mib() - rss_before),
+        "seconds": time.perf_counter() - started,
+        "loss": float(loss),
+    }
+
+
+def _isolated(flag: str, **kwargs) -> dict:
+    done = subprocess.run(
+        [sys.executable, __file__, flag, json.dumps(kwargs)], capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _plan_at_scale() -> tuple[list[dict], dict]:
+    results: dict = {"fast": {}, "reference": {}}
+    rows = []
+    for method in ("bestfit", "bfd"):
+        fast = [measure_plan_isolated(n, method=method) for n in PLAN_TOKENS]
+        slow = [measure_plan_isolated(n, method=method, reference=True) for n in REFERENCE_TOKENS]
+        growth = fast[-1]["seconds"] / fast[-2]["seconds"]  # per 10x tokens
+        memory_growth = fast[-1]["peak_mib"] / fast[-2]["peak_mib"]
+        scale = 10_000_000_000 / fast[-1]["tokens"]
+        extrapolated = {
+            "tokens": 10_000_000_000,
+            "chunks": int(fast[-1]["chunks"] * scale),
+            "seconds": fast[-1]["seconds"] * growth ** math.log10(scale),
+            "peak_mib": fast[-1]["peak_mib"] * memory_growth ** math.log10(scale),
+        }
+        ref_growth = slow[-1]["seconds"] / slow[-2]["seconds"]
+        reference_10b = slow[-1]["seconds"] * ref_growth ** math.log10(10_000_000_000 / slow[-1]["tokens"])
+        results["fast"][method] = {
+            "measured": fast,
+            "growth_per_10x": growth,
+            "extrapolated_10B": extrapolated,
+        }
+        results["reference"][method] = {
+            "measured": slow,
+            "growth_per_10x": ref_growth,
+            "extrapolated_10B_seconds": reference_10b,
+        }
+        for r in fast + slow:
+            rows.append(
+                {
+                    "data": f"plan {r['tokens'] / 1e6:,.0f}M tok",
+                    "method": f"{method} ({r['planner']})",
+                    "packs": r["packs"],
+                    "chunks": r["chunks"],
+                    "seconds": r["seconds"],
+                    "peak MiB": r["peak_mib"],
+                    "B/chunk kept": r["plan_bytes_per_chunk"],
+                }
+            )
+        rows.append(
+            {
+                "data": "plan 10B tok (extrapolated)",
+                "method": f"{method} (numba)",
+                "chunks": extrapolated["chunks"],
+                "seconds": extrapolated["seconds"],
+                "peak MiB": extrapolated["peak_mib"],
+            }
+        )
+    return rows, results
+
+
+def _validation_memory() -> tuple[list[dict], dict]:
+    chunked = _isolated("--measure-validation")
+    whole = _isolated("--measure-validation", whole_batch=True)
+    rows = [
+        {
+            "data": "validation 8192 tok",
+            "method": f"tiny, head over {r['loss_chunk_rows']} rows",
+            "peak MiB": r["peak_rss_growth_mib"],
+            "seconds": r["seconds"],
+        }
+        for r in (chunked, whole)
+    ]
+    return rows, {"chunked": chunked, "whole_batch": whole}
+
+
 def run() -> dict:
     pydocs, how = _pydocs_lengths()
     datasets = {"pydocs": pydocs, "synth": fineweb_like_lengths(12_000, seed=0)}
@@ -164,6 +411,9 @@ def run() -> dict:
             **info,
             **speed,
         }
+    plan_rows, plan_at_scale = _plan_at_scale()
+    validation_rows, validation_memory = _validation_memory()
+    rows += plan_rows + validation_rows
     details["pydocs"]["lengths_from"] = how
     details["synth"]["lengths_from"] = "lognormal(mu=6, sigma=1) tokens, 12,000 documents, seed 0"
     verdicts, summary = {}, []
@@ -185,6 +435,30 @@ def run() -> dict:
             f"with gather {info['with_gather_tokens_per_s'] / 1e6:,.0f}M tok/s"
         )
     summary.append(f"pydocs lengths: {how}")
+    for method, info in plan_at_scale["fast"].items():
+        at_10b = info["extrapolated_10B"]
+        biggest = info["measured"][-1]
+        reference = plan_at_scale["reference"][method]
+        verdicts[f"{method}_plan_10B"] = {
+            "seconds_ok": at_10b["seconds"] <= TARGET_PLAN_SECONDS,
+            "memory_ok": at_10b["peak_mib"] <= TARGET_PLAN_MIB,
+        }
+        summary.append(
+            f"{method} plan: {biggest['seconds']:.2f} s, {biggest['peak_mib']:,.0f} MiB peak at "
+            f"{biggest['tokens'] / 1e9:.1f}B tokens ({biggest['chunks']:,} chunks; compile/load "
+            f"{biggest['compile_seconds']:.2f} s); x{info['growth_per_10x']:.1f} per 10x tokens -> 10B: "
+            f"{at_10b['seconds']:.1f} s (target <= {TARGET_PLAN_SECONDS:.0f}), {at_10b['peak_mib']:,.0f} MiB "
+            f"(target <= {TARGET_PLAN_MIB:,.0f}); pure-Python reference at 10B: "
+            f"{reference['extrapolated_10B_seconds']:.0f} s"
+        )
+    chunked, whole = validation_memory["chunked"], validation_memory["whole_batch"]
+    verdicts["validation_memory"] = {"peak_ok": chunked["peak_rss_growth_mib"] <= TARGET_VALIDATION_MIB}
+    summary.append(
+        "validation of one 8192-token microbatch (tiny model): peak "
+        f"+{chunked['peak_rss_growth_mib']:,.0f} MiB with the chunked loss "
+        f"({chunked['loss_chunk_rows']} rows a chunk; target <= "
+        f"{TARGET_VALIDATION_MIB:,.0f}), +{whole['peak_rss_growth_mib']:,.0f} MiB with one whole-batch head"
+    )
     return {
         "rows": rows,
         "summary": summary,
@@ -193,8 +467,13 @@ def run() -> dict:
             "bestfit64_utilization": TARGET_UTILIZATION,
             "bestfit64_gap_to_bfd_points": TARGET_GAP_POINTS,
             "metadata_tokens_per_s": TARGET_TOKENS_PER_S,
+            "plan_seconds_10B": TARGET_PLAN_SECONDS,
+            "plan_peak_mib_10B": TARGET_PLAN_MIB,
+            "validation_peak_mib": TARGET_VALIDATION_MIB,
         },
         "verdicts": verdicts,
+        "plan_at_scale": plan_at_scale,
+        "validation_memory": validation_memory,
         "settings": {
             "capacity": CAPACITY,
             "buffers": BUFFERS,
@@ -205,6 +484,12 @@ def run() -> dict:
 
 
 if __name__ == "__main__":
-    import json
-
-    print(json.dumps(run(), indent=2, default=float))
+    if len(sys.argv) == 3 and sys.argv[1] == "--measure-plan":
+        print(json.dumps(measure_plan(**json.loads(sys.argv[2])), default=float))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--measure-validation":
+        print(json.dumps(measure_validation(**json.loads(sys.argv[2])), default=float))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--plan":  # e.g. --plan 10000000000
+        for method in ("bestfit", "bfd"):
+            print(json.dumps(measure_plan_isolated(int(float(sys.argv[2])), method=method), default=float))
+    else:
+        print(json.dumps(run(), indent=2, default=float))

@@ -114,6 +114,18 @@ def bit_at_least(b0, b1, b2, key):
 
 
 @njit(cache=True, nogil=True)
+def gather_block(lengths, order, block, first):
+    """block[k] = lengths[order[first + k]], the block ending at the returned position; a short last
+    block is right-aligned (block[size - count:]), so position p is always block[p - end + size]."""
+    size = block.shape[0]
+    end = min(first + size, order.shape[0])
+    offset = size - (end - first)
+    for k in range(end - first):
+        block[offset + k] = lengths[order[first + k]]
+    return end
+
+
+@njit(cache=True, nogil=True)
 def best_fit_buffered_kernel(lengths, order, capacity, buffer):
     """Best fit over the items order[0], order[1], ... (item i has length lengths[i]); returns the
     items pack by pack (order's dtype) and the int64 pack pointers.
@@ -128,10 +140,16 @@ def best_fit_buffered_kernel(lengths, order, capacity, buffer):
     after = np.full(n, -1, dtype=np.int32)  # next position in the same length's queue
     out = np.empty(n, dtype=order.dtype)
     sizes = np.empty(n, dtype=np.int32)  # items per pack
+    # The lengths of the order are gathered a block at a time ahead of use: a tight gather loop
+    # overlaps its cache misses, a lookup inside the packing loop would wait for each one.
+    block = np.empty(min(n, 1 << 14), dtype=lengths.dtype)
+    block_end = 0
     queued = 0
     nxt = 0
     while nxt < n and nxt < buffer:
-        length = lengths[order[nxt]]
+        if nxt >= block_end:
+            block_end = gather_block(lengths, order, block, nxt)
+        length = block[nxt - block_end + block.shape[0]]
         if head[length] < 0:
             head[length] = nxt
             bit_set(b0, b1, b2, length)
@@ -159,7 +177,9 @@ def best_fit_buffered_kernel(lengths, order, capacity, buffer):
             queued -= 1
             space -= length
             if nxt < n:
-                length = lengths[order[nxt]]
+                if nxt >= block_end:
+                    block_end = gather_block(lengths, order, block, nxt)
+                length = block[nxt - block_end + block.shape[0]]
                 if head[length] < 0:
                     head[length] = nxt
                     bit_set(b0, b1, b2, length)
@@ -221,8 +241,10 @@ def heap_pop(root, space, child, sibling, stack):
 @njit(cache=True, nogil=True)
 def best_fit_decreasing_kernel(lengths, capacity):
     """Longest first (a counting sort: ties keep the lower index first); a bitset of the remaining
-    spaces that some open pack has finds the smallest sufficient space, and a pairing heap of pack
-    ids per space gives the pack opened first."""
+    spaces that some open pack has finds the smallest sufficient space, and per space the packs
+    with that much left give the one opened first: a FIFO of the packs that arrived in increasing
+    id order (nearly all of them: new packs have the largest id) plus a pairing heap of the few that
+    arrived out of order; the smaller of the FIFO's head and the heap's root is the pack."""
     n = lengths.shape[0]
     counts = np.zeros(capacity + 1, dtype=np.int64)
     for i in range(n):
@@ -238,9 +260,11 @@ def best_fit_decreasing_kernel(lengths, capacity):
         order[first[length]] = i
         first[length] += 1
     b0, b1, b2 = new_bitset(capacity)
-    root = np.full(capacity + 1, -1, dtype=np.int32)
+    head = np.full(capacity + 1, -1, dtype=np.int32)  # FIFO per space: ascending pack ids
+    tail = np.full(capacity + 1, -1, dtype=np.int32)
+    root = np.full(capacity + 1, -1, dtype=np.int32)  # pairing heap per space: the others
     child = np.full(n, -1, dtype=np.int32)
-    sibling = np.full(n, -1, dtype=np.int32)
+    sibling = np.full(n, -1, dtype=np.int32)  # a pack is in one FIFO or one heap: its link either way
     stack = np.empty(n, dtype=np.int32)
     pack_of = np.empty(n, dtype=np.int32)  # pack of the j-th item taken
     packs = 0
@@ -248,8 +272,15 @@ def best_fit_decreasing_kernel(lengths, capacity):
         length = lengths[order[j]]
         space = bit_at_least(b0, b1, b2, length)  # the smallest sufficient space
         if space > 0:
-            pack = heap_pop(root, space, child, sibling, stack)
-            if root[space] < 0:
+            front = head[space]
+            top = root[space]
+            if top < 0 or (0 <= front < top):
+                pack = front
+                head[space] = sibling[front]
+                sibling[front] = -1
+            else:
+                pack = heap_pop(root, space, child, sibling, stack)
+            if head[space] < 0 and root[space] < 0:
                 bit_clear(b0, b1, b2, space)
         else:
             space = capacity
@@ -258,9 +289,16 @@ def best_fit_decreasing_kernel(lengths, capacity):
         pack_of[j] = pack
         left = space - length
         if left:
-            if root[left] < 0:
+            if head[left] < 0:
+                if root[left] < 0:
+                    bit_set(b0, b1, b2, left)
+                head[left] = pack
+                tail[left] = pack
+            elif pack > tail[left]:
+                sibling[tail[left]] = pack
+                tail[left] = pack
+            elif root[left] < 0:
                 root[left] = pack
-                bit_set(b0, b1, b2, left)
             else:
                 root[left] = heap_meld(root[left], pack, child, sibling)
     ptr = np.zeros(packs + 1, dtype=np.int64)
