@@ -165,8 +165,8 @@ class MetricsFile:
             if not rows:
                 return None
             return (
-                f"{self.path} held {len(rows)} rows of an earlier run and this run starts at step 0: "
-                f"replaced them (set ckpt_path= to a checkpoint of that run to continue it instead)"
+                f"{self.path} held {len(rows)} rows of an earlier run; this run starts from step 0 "
+                "(no checkpoint resumed), so its rows replace them"
             )
         message = f"resuming after step {start_step}: {self.path} keeps its {len(kept)} rows up to that step"
         if dropped:
