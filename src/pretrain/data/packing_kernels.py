@@ -24,13 +24,13 @@ _CTZ = np.array(
 _WORD = 0xFFFFFFFF
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _ctz(m):
     """Index of the lowest set bit of a non-zero 32-bit value."""
     return _CTZ[(((m & -m) * _DEBRUIJN) & _WORD) >> 27]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _msb(v):
     """Index of the highest set bit of a non-zero 32-bit value."""
     v |= v >> 1
