@@ -308,3 +308,20 @@ def test_ddp_ranks_stop_after_the_same_update(tmp_path, cache_root):
     steps = len(digests(run))
     assert steps == len((run / "batches.rank1.jsonl").read_text().splitlines())
     assert saved_step(run / "checkpoints" / "last.ckpt") == steps < 40
+
+
+def test_under_slurm_lightning_neither_requeues_nor_handles_the_signals(tmp_path, monkeypatch):
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from pretrain.config import to_config
+    from pretrain.training.checkpoints import VerifiedCheckpointIO
+    from pretrain.training.run import build_trainer
+
+    slurm = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "pretrain", "SLURM_JOB_ID": "77", "SLURM_PROCID": "0"}
+    slurm |= {"SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "node1"}
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    trainer = build_trainer(to_config(compose(tmp_path / "run")), tmp_path / "run")
+    environment = trainer._accelerator_connector.cluster_environment
+    assert isinstance(environment, SLURMEnvironment) and environment.auto_requeue is False
+    assert isinstance(trainer.strategy.checkpoint_io, VerifiedCheckpointIO)
