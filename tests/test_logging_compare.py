@@ -176,6 +176,9 @@ def test_metrics_file_appends_rows_and_rewrites_only_for_a_new_column(tmp_path):
     )
     resumed.append([{"step": 4, "train/loss": 1.4, "val/loss": 1.7}])
     assert path.read_text() == "step,train/loss,val/loss\n1,3.0,\n2,2.5,\n3,2.0,\n4,1.4,1.7\n"
+    assert MetricsFile(path).start(4) == (
+        f"resuming after step 4: {path} keeps its 4 rows up to that step, new rows are appended"
+    )
     fresh = MetricsFile(path)
     assert fresh.start(0) == (
         f"{path} held 4 rows of an earlier run; this run starts from step 0 (no checkpoint resumed), "

@@ -132,8 +132,8 @@ class MetricsWriter(ExperimentWriter):
 
     def start(self, start_step: int) -> None:
         notice = self.file.start(start_step)
-        if notice:
-            log.warning(notice)
+        if notice:  # a warning when rows were dropped, else news
+            log.log(logging.WARNING if self.file.dropped else logging.INFO, notice)
 
     def log_metrics(self, metrics_dict: dict[str, float], step: int | None = None) -> None:
         super().log_metrics(metrics_dict, step)

@@ -126,6 +126,7 @@ class MetricsFile:
         self.path = Path(path)
         self.columns: list[str] = []
         self.started = False
+        self.dropped = 0  # rows `start` dropped or replaced (or 1 for an unreadable file moved aside)
 
     def _rewrite(self, rows: list[dict]) -> None:
         """The whole file, atomically: a kill leaves the old file or the new one."""
@@ -148,11 +149,13 @@ class MetricsFile:
         except ConfigError as error:
             moved = self.path.with_name(UNREADABLE_NAME)
             os.replace(self.path, moved)
+            self.dropped = 1
             return f"{error}; moved it to {moved} and starting a new {self.path.name}"
         steps = [row_step(row) for row in rows]
         keep = [step is not None and step <= start_step for step in steps]
         kept = [row for row, keeping in zip(rows, keep, strict=True) if keeping]
         dropped = [step for step, keeping in zip(steps, keep, strict=True) if not keeping]
+        self.dropped = len(dropped)
         self.columns = header if kept else []
         if not kept:
             self.path.unlink()
@@ -169,14 +172,14 @@ class MetricsFile:
                 "(no checkpoint resumed), so its rows replace them"
             )
         message = f"resuming after step {start_step}: {self.path} keeps its {len(kept)} rows up to that step"
-        if dropped:
-            numbers = [step for step in dropped if step is not None]
-            span = f" (steps {min(numbers)}..{max(numbers)})" if numbers else ""
-            message += (
-                f" and drops {len(dropped)} rows logged after it before the interruption{span}: "
-                "those steps are trained again"
-            )
-        return message
+        if not dropped:
+            return message + ", new rows are appended"
+        numbers = [step for step in dropped if step is not None]
+        span = f" (steps {min(numbers)}..{max(numbers)})" if numbers else ""
+        return message + (
+            f" and drops {len(dropped)} rows logged after it before the interruption{span}: "
+            "those steps are trained again"
+        )
 
     def append(self, rows: list[dict]) -> None:
         """Write logged rows now: appended, or the whole file when a new column appears."""
