@@ -97,3 +97,26 @@ def test_bad_max_seq_len_is_a_clear_error(bad):
         list(split_tokens("doc", [1, 2, 3], bad))
     with pytest.raises(ValueError, match=r"data\.max_seq_len"):
         chunk_table(np.array([0]), np.array([3]), bad)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(min_value=2, max_value=10_000), max_size=60),
+    max_seq_len=CAPACITIES,
+    gap=st.integers(0, 5),
+)
+def test_chunk_table_numpy_path_equals_the_kernel(lengths, max_seq_len, gap):
+    """The numba pass and the numpy fallback (no numba, or PRETRAIN_NO_NUMBA=1) build the same table:
+    16 bytes per chunk, int32 doc and length, int64 start (documents need not be contiguous)."""
+    pytest.importorskip("numba")
+    lengths = np.array(lengths, dtype=np.int64)
+    offsets = np.cumsum(lengths + gap) - lengths  # `gap` junk tokens before every document
+    fast = chunk_table(offsets, lengths, max_seq_len)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PRETRAIN_NO_NUMBA", "1")
+        slow = chunk_table(offsets, lengths, max_seq_len)
+    for name in ("doc", "start", "length"):
+        a, b = getattr(fast, name), getattr(slow, name)
+        assert a.dtype == b.dtype == (np.int64 if name == "start" else np.int32)
+        np.testing.assert_array_equal(a, b)
+    assert fast.total_pairs == slow.total_pairs == int((lengths - 1).sum())

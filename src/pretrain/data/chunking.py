@@ -14,6 +14,7 @@ import numpy as np
 
 from ..arrays import prefix_sums
 from ..errors import ConfigError
+from .packing import numba_kernels
 
 MIN_SEQ_LEN = 2
 MAX_SEQ_LEN = 4096
@@ -82,13 +83,18 @@ def chunk_table(offsets: np.ndarray, lengths: np.ndarray, max_seq_len: int) -> C
 
     Chunk j overall (the k-th of document d, whose first chunk is number first[d]) starts at
     offsets[d] + k L = (offsets[d] - first[d] L) + j L, and holds min(L, pairs[d] - k L) inputs:
-    two repeats of per-document values plus j L, no per-chunk gather."""
+    two repeats of per-document values plus j L, no per-chunk gather (with numba: one pass of
+    packing_kernels.chunk_table_kernel, the same arrays without the temporaries)."""
     max_seq_len = check_max_seq_len(max_seq_len)
     offsets = np.asarray(offsets, dtype=np.int64)
     pairs = np.asarray(lengths, dtype=np.int64) - 1
     if len(pairs) and pairs.min() < 1:
         raise ValueError("every cached document must have at least one token before its EOS")
     counts = -(-pairs // max_seq_len)
+    kernels = numba_kernels()
+    if kernels is not None and len(pairs) < 2**31:  # no temporaries: 16 bytes per chunk, written once
+        doc, start, length = kernels.chunk_table_kernel(offsets, pairs, max_seq_len, int(counts.sum()))
+        return ChunkTable(doc=doc, start=start, length=length, max_seq_len=max_seq_len)
     first = prefix_sums(counts)
     step = np.arange(0, int(first[-1]) * max_seq_len, max_seq_len, dtype=np.int64)  # j L
     base = first[:-1] * max_seq_len

@@ -313,3 +313,24 @@ def best_fit_decreasing_kernel(lengths, capacity):
         items[fill[p]] = order[j]
         fill[p] += 1
     return items, ptr
+
+
+@njit(cache=True, nogil=True)
+def chunk_table_kernel(offsets, pairs, max_seq_len, total):
+    """chunking.chunk_table in one pass, writing only its three arrays (int32 doc and length, int64
+    start; fewer than 2^31 documents)."""
+    doc = np.empty(total, dtype=np.int32)
+    start = np.empty(total, dtype=np.int64)
+    length = np.empty(total, dtype=np.int32)
+    j = 0
+    for d in range(pairs.shape[0]):
+        count = pairs[d]
+        first = offsets[d]
+        k = 0
+        while k < count:
+            doc[j] = d
+            start[j] = first + k
+            length[j] = min(max_seq_len, count - k)
+            j += 1
+            k += max_seq_len
+    return doc, start, length
