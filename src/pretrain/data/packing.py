@@ -18,6 +18,7 @@ for item (tests/test_plan_equivalence.py), only slower.
 from __future__ import annotations
 
 import heapq
+import logging
 import os
 from bisect import bisect_right, insort
 from dataclasses import dataclass
@@ -58,6 +59,14 @@ def numba_kernels() -> ModuleType | None:
 
             _kernels = packing_kernels
         except ImportError:
+            _kernels = None
+        except Exception as error:  # e.g. numba finds no writable cache directory for cache=True
+            logging.getLogger(__name__).warning(
+                "numba kernels unavailable (%s: %s); planning with the pure-Python reference "
+                "implementations (set NUMBA_CACHE_DIR to a writable directory)",
+                type(error).__name__,
+                error,
+            )
             _kernels = None
     return _kernels if isinstance(_kernels, ModuleType) else None
 
