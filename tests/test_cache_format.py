@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 
 from pretrain.cli import main as cli_main
 from pretrain.data import cache as cache_module
-from pretrain.data.cache import CacheError, disk_bytes, manifest_checksum
+from pretrain.data.cache import CacheError, disk_bytes, identity_key, manifest_checksum
 from pretrain.data.evaluation import evaluation_batches, evaluation_chunks
 from pretrain.data.samplers import build_sampler
 from pretrain.data.tokenizer import bundled_files
@@ -104,7 +104,13 @@ def test_token_dtype_is_in_the_identity_and_the_manifest(caches, corpus):
     assert small.manifest["token_dtype"] == small.manifest["identity"]["dtype"] == "uint16"
     assert large.manifest["token_dtype"] == large.manifest["identity"]["dtype"] == "uint32"
     assert small.directory != large.directory
-    assert cache_spec(cfg_of(corpus, "cache.token_dtype=uint16")).key == small.directory.name  # auto = uint16
+    spec = cache_spec(cfg_of(corpus, "cache.token_dtype=uint16"))
+    assert spec.key == small.directory.name  # auto = uint16
+    # A cache of the previous format (uint32, no binary index) has another key: it is never reused.
+    assert identity_key({**spec.identity, "format": 1, "dtype": "uint32"}) not in (
+        spec.key,
+        large.directory.name,
+    )
     for split in ("train", "validation"):
         a, b = small.split(split), large.split(split)
         assert a.tokens.dtype == np.uint16 and b.tokens.dtype == np.uint32
