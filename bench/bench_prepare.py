@@ -270,7 +270,13 @@ def run() -> dict:
                     if key not in best or result["tokens_per_s"] > best[key]["tokens_per_s"]:
                         best[key] = result
         small_runs = [measure_prepare(small["directory"], PARALLELISM[-1]) for _ in range(REPEATS)]
-        fixed = measure_prepare(tiny["directory"], 1)
+        # The fixed cost of a prepare at each parallelism (workers' start-up: interpreter, imports,
+        # encoder), on a corpus of a few documents: the marginal rate is tokens / (seconds - fixed).
+        fixed_by = {
+            p: min(measure_prepare(tiny["directory"], p)["seconds"] for _ in range(REPEATS))
+            for p in PARALLELISM
+        }
+        fixed = {"seconds": fixed_by[1]}
     rows = []
     for p in PARALLELISM:
         prep, fast, ref = best[("prepare", p)], best[("tiktoken", p)], best[("tokenizers", p)]
@@ -285,6 +291,11 @@ def run() -> dict:
                 "prepare/tiktoken": round(prep["tokens_per_s"] / fast["tokens_per_s"], 3),
                 "prepare/tokenizers": round(prep["tokens_per_s"] / ref["tokens_per_s"], 3),
                 "prepare s": round(prep["seconds"], 2),
+                "fixed s": round(fixed_by[p], 2),
+                "marginal tok/s": round(prep["tokens"] / max(prep["seconds"] - fixed_by[p], 1e-9)),
+                "marginal/tiktoken": round(
+                    prep["tokens"] / max(prep["seconds"] - fixed_by[p], 1e-9) / fast["tokens_per_s"], 3
+                ),
                 "prepare peak MiB": round(prep["peak_rss_mib"], 1),
                 "worker peak MiB": round(prep["worker_peak_rss_mib"], 1),
                 "encoder": prep["encoder"],
@@ -311,7 +322,10 @@ def run() -> dict:
         f"{large_peak:.0f} MiB at {large['tokens']:,}: ratio {rss_ratio:.3f} (target <= {RSS_FLAT_TARGET}): "
         f"{verdict_rss}",
         f"at this rate FineWeb sample-10BT (10B tokens) takes {hours_10b:.1f} h on this machine "
-        f"({os.cpu_count()} CPUs); fixed cost of one prepare: {fixed['seconds']:.2f} s",
+        f"({os.cpu_count()} CPUs); fixed cost of one prepare: "
+        + ", ".join(f"{fixed_by[p]:.2f} s at num_proc={p}" for p in PARALLELISM)
+        + "; beyond it (marginal rate) "
+        + ", ".join(f"{r['marginal/tiktoken']:.1%} of raw tiktoken at {r['parallelism']}" for r in rows),
         f"load average {load_before[0]:.1f} before / {os.getloadavg()[0]:.1f} after; best of {REPEATS}; "
         f"bench took {time.perf_counter() - started:.0f} s",
     ]
@@ -336,6 +350,8 @@ def run() -> dict:
             "load_average_after": os.getloadavg(),
         },
         "fixed_cost_seconds": fixed["seconds"],
+        "fixed_cost_seconds_by_num_proc": fixed_by,
+        "marginal_ratio": min(r["marginal/tiktoken"] for r in rows),
         "runs": runs + [{**r, "kind": "prepare-small"} for r in small_runs],
     }
 
