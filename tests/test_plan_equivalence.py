@@ -42,7 +42,7 @@ def lengths_and_capacity(draw, max_size=300):
     return np.array(lengths, dtype=np.int64), capacity
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(case=lengths_and_capacity(), buffer=st.one_of(st.integers(1, 80), st.sampled_from([1000, 10**9])))
 def test_best_fit_buffered_matches_the_reference(case, buffer):
     lengths, capacity = case
@@ -51,7 +51,7 @@ def test_best_fit_buffered_matches_the_reference(case, buffer):
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(case=lengths_and_capacity())
 def test_best_fit_decreasing_matches_the_reference(case):
     lengths, capacity = case
