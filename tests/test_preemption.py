@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -325,3 +326,23 @@ def test_under_slurm_lightning_neither_requeues_nor_handles_the_signals(tmp_path
     environment = trainer._accelerator_connector.cluster_environment
     assert isinstance(environment, SLURMEnvironment) and environment.auto_requeue is False
     assert isinstance(trainer.strategy.checkpoint_io, VerifiedCheckpointIO)
+
+
+@pytest.mark.slow
+def test_ddp_a_failed_checkpoint_write_stops_every_rank(tmp_path, cache_root):
+    # Only rank 0 writes: when its write fails every rank must stop with the error, not wait for it.
+    run = tmp_path / "ddp"
+    cmd = [sys.executable, "train.py", *SMALL, "progress_bar=true", "trainer=ddp", "trainer.accelerator=cpu"]
+    cmd += ["trainer.devices=2", "trainer.precision=32-true", "train.max_steps=40"]
+    cmd += ["train.checkpoint_every_n_steps=8", f"hydra.run.dir={run}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("step 1/"):
+            shutil.rmtree(run / "checkpoints")
+            (run / "checkpoints").write_text("a file: the write at step 8 fails, also as root")
+            break
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 2, err[-3000:]
+    assert "error: could not write checkpoint" in err and "step000008.ckpt" in err
+    assert not (run / "run.json").exists()

@@ -33,6 +33,7 @@ from .checkpoints import (
     RecordedModelCheckpoint,
     VerifiedCheckpointIO,
     newest_valid_checkpoint,
+    raise_failed_save,
     write_record,
 )
 from .checks import attention_backend, check_checkpoint
@@ -239,6 +240,7 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
         trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
         # The state after the last trained update (sampler included), checked and recorded when written.
         trainer.save_checkpoint(last)
+        raise_failed_save(trainer, last)  # with several ranks: rank 0's failure stops every one
         if trainer.is_global_zero and last.is_dir():  # sharded FSDP: a manifest of its files
             write_record(last)
     finally:
