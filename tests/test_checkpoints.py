@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -12,6 +13,8 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pretrain.config import load_config
 from pretrain.errors import CheckpointError, ConfigError
@@ -232,4 +235,39 @@ def test_a_directory_checkpoint_has_a_manifest(tmp_path):
         assert verify_checkpoint(shard) is True
     (shard / "sub" / "0.distcp").write_bytes(b"shard zerO")
     with pytest.raises(CheckpointError, match=r"0\.distcp is corrupt"):
+        verify_checkpoint(shard)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    files=st.dictionaries(
+        st.from_regex(r"[a-z]{1,6}(/[a-z]{1,6})?", fullmatch=True),
+        st.binary(min_size=1, max_size=64),
+        min_size=1,
+        max_size=4,
+    ),
+    pick=st.integers(min_value=0),
+    bit=st.integers(min_value=0, max_value=7),
+)
+def test_a_manifest_catches_any_single_flipped_bit(tmp_path_factory, files, pick, bit):
+    shard = tmp_path_factory.mktemp("shards") / "step000001.ckpt"
+    paths = []
+    for name, data in files.items():
+        path = shard / name
+        if (
+            path.exists()
+            or any(p == path or p in path.parents for p in paths)
+            or any(path in p.parents for p in paths)
+        ):
+            continue  # a name that is also another's folder
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        paths.append(path)
+    write_record(shard)
+    assert verify_checkpoint(shard) is True
+    victim = paths[pick % len(paths)]
+    data = bytearray(victim.read_bytes())
+    data[pick % len(data)] ^= 1 << bit
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=re.escape(f"{victim} is corrupt")):
         verify_checkpoint(shard)

@@ -252,9 +252,6 @@ def verify_checkpoint(path: str | Path) -> bool:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist; check ckpt_path")
-    key = _identity(path)
-    if key in _VERIFIED:  # checked already in this process (ckpt_path=auto, then the start-up check)
-        return True
     files = _files(path) if path.is_dir() else [path]
     if not files:
         raise CheckpointError(f"checkpoint directory {path} is empty; resume from another checkpoint")
@@ -290,17 +287,7 @@ def verify_checkpoint(path: str | Path) -> bool:
                 f"checkpoint {file} is corrupt: its sha256 {actual[:12]}... differs from the one recorded "
                 f"when it was saved ({expected[name][:12]}...); resume from another checkpoint"
             )
-    _VERIFIED.add(key)
     return True
-
-
-_VERIFIED: set[tuple] = set()
-
-
-def _identity(path: Path) -> tuple:
-    """Path, size and modification time of every file: what a verification in this process vouches for."""
-    files = _files(path) if path.is_dir() else [path]
-    return (str(path.resolve()), *((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
 
 
 def load_checkpoint(path: str | Path) -> dict:

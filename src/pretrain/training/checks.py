@@ -46,7 +46,12 @@ def attention_backend(attn: AttnConfig, trainer: TrainerConfig) -> str:
 
 
 def check_checkpoint(
-    path: str | None, max_seq_len: int, model: GPTConfig, cache_key: str, max_steps: int | None = None
+    path: str | None,
+    max_seq_len: int,
+    model: GPTConfig,
+    cache_key: str,
+    max_steps: int | None = None,
+    verified: bool = False,
 ) -> None:
     """A checkpoint that is corrupt, from another model size, context length or cache, or already at
     train.max_steps cannot be resumed: refused before any heavy work, naming the file."""
@@ -54,7 +59,8 @@ def check_checkpoint(
         return
     if not Path(path).exists():
         raise CheckpointError(f"ckpt_path={path} does not exist")
-    verify_checkpoint(path)  # sha256 against its record; a copy without one loads with a warning
+    if not verified:  # (ckpt_path=auto verified it already)
+        verify_checkpoint(path)  # sha256 against its record; a copy without one loads with a warning
     checkpoint = load_checkpoint(path)
     saved = checkpoint.get("hyper_parameters")
     if not isinstance(saved, dict) or "model" not in saved:

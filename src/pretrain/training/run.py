@@ -121,9 +121,12 @@ class RunSettings:
             check_init_from(config.model.init_from, model, config.model.extend_positions)
         cache = CacheSpec.from_config(config)
         output_dir = _output_dir(config.output_dir)
-        if config.ckpt_path == AUTO:
+        auto = config.ckpt_path == AUTO
+        if auto:
             config = replace(config, ckpt_path=_auto_checkpoint(output_dir))
-        check_checkpoint(config.ckpt_path, policy.max_seq_len, model, cache.key, config.train.max_steps)
+        check_checkpoint(
+            config.ckpt_path, policy.max_seq_len, model, cache.key, config.train.max_steps, verified=auto
+        )
         return cls(config, policy, model, cache, backend, output_dir)
 
 
