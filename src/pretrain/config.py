@@ -68,12 +68,6 @@ class AttnBackend(StrEnum):
     varlen = "varlen"
 
 
-class Encoder(StrEnum):
-    auto = "auto"
-    tiktoken = "tiktoken"
-    tokenizers = "tokenizers"
-
-
 class TokenDtype(StrEnum):
     auto = "auto"
     uint16 = "uint16"
@@ -84,6 +78,12 @@ class VerifyMode(StrEnum):
     quick = "quick"
     stat = "stat"
     full = "full"
+
+
+class Encoder(StrEnum):
+    auto = "auto"
+    tiktoken = "tiktoken"
+    tokenizers = "tokenizers"
 
 
 class LoggerKind(StrEnum):
