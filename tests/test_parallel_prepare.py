@@ -376,3 +376,32 @@ def test_a_glob_in_source_files_expands_sorted_and_a_glob_without_match_says_so(
     )
     with pytest.raises(SourceError, match=r"the pattern '.*nope-\*\.parquet' matches no"):
         cache_spec(compose(*local_overrides([str(tmp_path / "nope-*.parquet")])))
+
+
+# --- FineWeb's parts, offline -------------------------------------------------------------------
+
+
+def test_fineweb_parts_read_the_configs_parquet_files_in_name_order(
+    tmp_path, texts, monkeypatch, small_parts
+):
+    """The hub's folder of the pinned revision, served by a local fsspec filesystem: parts are the
+    files' row ranges in file-name order, read through the filesystem (nothing reaches the network)."""
+    import fsspec
+
+    cfg = compose("source=fineweb", "split.validation_fraction=0.2")
+    source = cfg.source
+    folder = tmp_path / "datasets" / f"{source.path}@{source.revision}" / source.data_dir
+    write_parquet(folder / "001_00000.parquet", texts[60:], row_group_size=9)
+    write_parquet(folder / "000_00000.parquet", texts[:60], row_group_size=9)
+    (folder / "README.md").write_text("not a data file")
+    monkeypatch.chdir(tmp_path)  # the filesystem's paths are relative: datasets/<repo>@<revision>/...
+    monkeypatch.setattr(sources, "_check_hub", lambda path: None)
+    monkeypatch.setattr(sources, "_hub_filesystem", lambda: fsspec.filesystem("file"))
+    parts = list(sources.iter_parts(source))
+    assert {p.kind for p in parts} == {"hf-parquet"} and len(parts) > 2
+    assert [d.text for d in sources.iter_documents(source)] == texts
+    cache = build(cfg, tmp_path / "root", num_proc=1)
+    expected = expected_cache(texts, fraction=0.2)
+    for split in ("train", "validation"):
+        assert cache.manifest["splits"][split]["documents"] == len(expected[split]["docs"])
+        assert cache.manifest["splits"][split]["tokens"] == sum(map(len, expected[split]["docs"]))
