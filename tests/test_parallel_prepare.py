@@ -112,6 +112,16 @@ def test_parquet_parts_across_row_groups_are_the_same_for_1_and_2_workers(tmp_pa
     assert two.manifest["build"]["duplicates_skipped"] >= 10
 
 
+def test_a_bad_row_read_by_a_worker_is_the_same_one_line_error(tmp_path, texts, small_parts, cache_root):
+    rows = [{"text": t} for t in texts[:40]]
+    rows[22]["text"] = None  # in the 4th part (rows 20..25): the second worker's
+    path = write_parquet(tmp_path / "nulls.parquet", None, rows=rows)
+    assert [(p.start, p.stop) for p in sources.local_parts([path])][3] == (20, 26)
+    with pytest.raises(SourceError, match=r"nulls\.parquet: row 22: `text` is NoneType, not a string"):
+        build(compose(*local_overrides([path])), cache_root, num_proc=2)
+    assert [p.name for p in cache_root.iterdir() if not p.name.endswith(".lock")] == []
+
+
 def test_pydocs_with_a_budget_is_the_same_for_1_and_2_workers(tmp_path, small_parts):
     cfg = compose("budget.train_tokens=120000", "budget.validation_tokens=8000")
     one = build(cfg, tmp_path / "one", num_proc=1)

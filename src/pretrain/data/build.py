@@ -506,6 +506,15 @@ def _exit_reason(code: int | None) -> str:
     return f"exited with status {code}"
 
 
+def _raise_worker_error(worker: int, message: tuple) -> None:
+    """A worker's error: ours (a bad source row, a tokenizer mismatch) as it is, anything else with the
+    worker's traceback."""
+    _, error, *rest = message
+    if isinstance(error, PretrainError):
+        raise error
+    raise RuntimeError(f"prepare worker {worker} failed:\n{rest[0] if rest else error}")
+
+
 def _parallel(job: Job, stats: BuildStats) -> Iterator[Encoded]:
     """`job.workers` spawned processes; their parts are taken strictly in turn (= source order)."""
     context = multiprocessing.get_context("spawn")
@@ -537,9 +546,7 @@ def _parallel(job: Job, stats: BuildStats) -> Iterator[Encoded]:
                     print(payload["notice"], file=sys.stderr, flush=True)
                 continue
             if kind == "error":
-                if isinstance(payload, PretrainError):
-                    raise payload
-                raise RuntimeError(f"prepare worker {w} failed:\n{rest[0] if rest else payload}")
+                _raise_worker_error(w, (kind, payload, *rest))
             if kind == "end":
                 ended[w] = payload
                 stats.encoder = payload["encoder"]
@@ -549,6 +556,8 @@ def _parallel(job: Job, stats: BuildStats) -> Iterator[Encoded]:
                         message = _receive(queues[other], processes, other)
                         while message[0] == "start":  # a worker without any part
                             message = _receive(queues[other], processes, other)
+                        if message[0] == "error":  # e.g. the source's listing failed there
+                            _raise_worker_error(other, message)
                         if message[0] == "end":
                             ended[other] = message[1]
                 stats.cross_checked += sum(e["cross_checked"] for e in ended.values())
