@@ -268,8 +268,13 @@ def best_fit_decreasing_kernel(lengths, capacity):
     stack = np.empty(n, dtype=np.int32)
     pack_of = np.empty(n, dtype=np.int32)  # pack of the j-th item taken
     packs = 0
+    length = capacity + 1
+    left_in_run = 0
     for j in range(n):
-        length = lengths[order[j]]
+        while left_in_run == 0:  # the items come in runs of one length: no lookup of lengths[order[j]]
+            length -= 1
+            left_in_run = counts[length]
+        left_in_run -= 1
         space = bit_at_least(b0, b1, b2, length)  # the smallest sufficient space
         if space > 0:
             front = head[space]
