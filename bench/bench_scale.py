@@ -129,7 +129,8 @@ def _measure_size(tokens: int, workdir: Path) -> dict:
     out["documents"] = sum(manifest["splits"][s]["documents"] for s in ("train", "validation"))
     out["bytes_per_token"] = disk_bytes(cache_dir) / cached_tokens
     measure_rank_startup(corpus, root)  # the first start after the build: page cache warm for both sizes
-    out["rank"] = measure_rank_startup(corpus, root)
+    # Best of 3 (the fastest start): sub-second phases are otherwise at the mercy of a shared machine.
+    out["rank"] = min((measure_rank_startup(corpus, root) for _ in range(3)), key=lambda r: r["startup_s"])
     return out
 
 
