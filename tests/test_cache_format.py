@@ -363,9 +363,12 @@ try:
     error = None
 except CacheError as e:
     error = str(e)
+from pretrain.training.run import train                     # and a real (short) training run on it
+run = train(compose(*{overrides!r}, "experiment=smoke", "data=prepacked", "data.max_seq_len=64",
+    "train.max_steps=2", "train.val_every_n_steps=2", "output_dir={output!r}"))
 print(json.dumps({{"hashed": full.hashed, "record": str(full.record), "packs": str(cache.packs_dir),
     "pack_files": sorted(p.name for p in cache.packs_dir.iterdir()), "batches": len(batches),
-    "missing": error}}))
+    "missing": error, "trained": run["steps"], "status": run["status"]}}))
 """
 
 
@@ -378,8 +381,9 @@ def test_a_read_only_cache_is_usable(tmp_path, caches, corpus):
     state.mkdir()
     overrides = [*base_overrides(), *local_overrides([corpus], **{"split.validation_fraction": FRACTION})]
     env = {"PRETRAIN_CACHE_ROOT": str(root), "PRETRAIN_STATE_DIR": str(state)}
+    output = tmp_path / "run"  # writable: only the cache is read-only
     code = _READ_ONLY_CHILD.format(
-        tests=str(REPO / "tests"), directory=str(directory), overrides=overrides, env=env
+        tests=str(REPO / "tests"), directory=str(directory), overrides=overrides, env=env, output=str(output)
     )
     command = [sys.executable, "-c", code]
     if os.geteuid() == 0:  # root ignores permissions: drop the capabilities that let it
@@ -402,6 +406,8 @@ def test_a_read_only_cache_is_usable(tmp_path, caches, corpus):
     assert Path(result["record"]).parent == state / "verified"
     assert Path(result["packs"]).is_relative_to(state / "packs") and result["pack_files"]
     assert result["batches"] > 0
+    assert (result["trained"], result["status"]) == (2, "completed")
+    assert (output / "checkpoints" / "last.ckpt").is_file()
     assert "is not writable" in result["missing"] and "cache_root" in result["missing"]
     assert {p.name: p.read_bytes() for p in directory.iterdir()} == before  # nothing written there
     assert sorted(p.name for p in root.iterdir()) == [directory.name]  # no lock, no temp dir
