@@ -55,20 +55,25 @@ def verify_existing(spec: CacheSpec, mode: str | None = None) -> Verification:
 
 def prepare_cache(spec: CacheSpec, *, progress: bool = True) -> Cache:
     """The verified cache of `spec`: reused if it verifies, built if absent, never used if corrupt."""
-    directory = spec.directory
-    if directory.exists():
-        try:
-            return _open(spec)
-        except CacheError as error:
-            if not spec.rebuild:
-                raise
-            _log(f"rebuilding: {error}")
+    if spec.directory.exists() and (cache := _reuse(spec)) is not None:
+        return cache
     return _build(spec, progress=progress)
 
 
 def _open(spec: CacheSpec) -> Cache:
     verification = check_cache(spec.directory, spec.identity, spec.verify)
     return Cache(directory=spec.directory, manifest=verification.manifest)
+
+
+def _reuse(spec: CacheSpec) -> Cache | None:
+    """The existing cache if it verifies; None when it does not and cache.rebuild allows building anew."""
+    try:
+        return _open(spec)
+    except CacheError as error:
+        if not spec.rebuild:
+            raise
+        _log(f"rebuilding: {error}")
+        return None
 
 
 def _build(spec: CacheSpec, *, progress: bool) -> Cache:
@@ -95,13 +100,9 @@ def _build(spec: CacheSpec, *, progress: bool) -> Cache:
     try:
         if directory.exists():
             # Built (or repaired) by another process while we waited, or still bad.
-            try:
-                return _open(spec)
-            except CacheError as error:
-                if not spec.rebuild:
-                    raise
-                _log(f"rebuilding: {error}")
-                _discard(directory, root)
+            if (cache := _reuse(spec)) is not None:
+                return cache
+            _discard(directory, root)
         for stale in [*root.glob(f".{key}.tmp-*"), *root.glob(f".{key}.trash-*")]:
             # We hold the lock, so any temporary build (or half-deleted bad cache) of this identity is
             # a dead process's leftover.
