@@ -89,16 +89,11 @@ def _rank_startup(corpus: str) -> dict:
 
 
 def measure_rank_startup(corpus: Path, cache_root: Path) -> dict:
-    env = dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        PRETRAIN_CACHE_ROOT=str(cache_root),
-        PRETRAIN_STATE_DIR=str(cache_root / ".state"),
-    )
+    from bench_prepare import _env  # the same offline, cache-root and state-dir environment
+
     result = subprocess.run(
         [sys.executable, __file__, "--rank-startup", str(corpus)],
-        env=env,
+        env=_env(cache_root),
         capture_output=True,
         text=True,
         timeout=1800,
