@@ -311,18 +311,32 @@ def cache_root(offline) -> Path:
     return offline
 
 
-def module_cache_root():
+def module_cache_root(shared: str | None = None):
     """A module-scoped `cache_root` fixture: one cache root (env PRETRAIN_CACHE_ROOT) shared by the
-    module's tests, for modules whose tests reuse one built cache. Use: `cache_root = module_cache_root()`."""
+    module's tests, for modules whose tests reuse one built cache. Use: `cache_root = module_cache_root()`;
+    modules that pass the same `shared` name share one folder of the session (builds take its lock)."""
 
     @pytest.fixture(scope="module")
     def cache_root(tmp_path_factory) -> Iterator[Path]:
-        root = tmp_path_factory.mktemp("cache")
+        root = tmp_path_factory.getbasetemp() / shared if shared else tmp_path_factory.mktemp("cache")
         os.environ["PRETRAIN_CACHE_ROOT"] = str(root)
         yield root
         os.environ.pop("PRETRAIN_CACHE_ROOT", None)
 
     return cache_root
+
+
+# The smallest run that still trains: one block of width 32, 2 packs of 32 tokens.
+TINY_RUN = [
+    "experiment=smoke",
+    "model.n_layer=1",
+    "model.d_model=32",
+    "model.n_head=2",
+    "data.max_seq_len=32",
+    "train.batch_size=2",
+    "train.val_batches=1",
+    "logger=csv",
+]
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ train.keep_checkpoints, ckpt_path=auto, and resumes that cannot train anything r
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import warnings
@@ -13,6 +12,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from conftest import TINY_RUN, module_cache_root
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,27 +28,11 @@ from pretrain.training.checkpoints import (
 )
 from pretrain.training.run import train
 
-
-@pytest.fixture(scope="module")
-def cache_root(tmp_path_factory):
-    """One cache for this module and test_preemption.py (the same session folder, under a file lock)."""
-    root = tmp_path_factory.getbasetemp() / "checkpoint-tests-cache"
-    os.environ["PRETRAIN_CACHE_ROOT"] = str(root)
-    yield root
-    os.environ.pop("PRETRAIN_CACHE_ROOT", None)
+# One cache for this module and test_preemption.py (the same session folder, under a file lock).
+cache_root = module_cache_root("checkpoint-tests-cache")
 
 
-SMALL = [  # the smallest run that still trains: one block of width 32, 2 packs of 32 tokens
-    "experiment=smoke",
-    "model.n_layer=1",
-    "model.d_model=32",
-    "model.n_head=2",
-    "data.max_seq_len=32",
-    "train.batch_size=2",
-    "train.val_batches=1",
-    "progress_bar=false",
-    "logger=csv",
-]
+SMALL = [*TINY_RUN, "progress_bar=false"]
 
 
 def compose(out: Path, *overrides: str):

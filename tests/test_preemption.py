@@ -17,6 +17,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from conftest import TINY_RUN, module_cache_root
 
 from pretrain.config import load_config
 from pretrain.training.checkpoints import verify_checkpoint
@@ -25,29 +26,17 @@ from pretrain.training.rundir import claim_directory, run_dir, slurm_job_id
 
 REPO = Path(__file__).resolve().parents[1]
 
-SMALL = [  # the smallest run that still trains: one block of width 32, 2 packs of 32 tokens
-    "experiment=smoke",
-    "model.n_layer=1",
-    "model.d_model=32",
-    "model.n_head=2",
-    "data.max_seq_len=32",
-    "train.batch_size=2",
-    "train.val_batches=1",
+SMALL = [
+    *TINY_RUN,
     "train.val_every_n_steps=4",
     "train.checkpoint_every_n_steps=4",
     "train.deterministic=true",
     "record_batches=true",
-    "logger=csv",
 ]
 
 
-@pytest.fixture(scope="module")
-def cache_root(tmp_path_factory):
-    """One cache for this module and test_checkpoints.py (the same session folder, under a file lock)."""
-    root = tmp_path_factory.getbasetemp() / "checkpoint-tests-cache"
-    os.environ["PRETRAIN_CACHE_ROOT"] = str(root)
-    yield root
-    os.environ.pop("PRETRAIN_CACHE_ROOT", None)
+# One cache for this module and test_checkpoints.py (the same session folder, under a file lock).
+cache_root = module_cache_root("checkpoint-tests-cache")
 
 
 def compose(out: Path, *overrides: str):
