@@ -304,7 +304,7 @@ def test_full_mode_hashes_every_file_and_checks_the_indexes(
     manifest["checksum"] = manifest_checksum(manifest)
     (directory / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CacheError, match=r"train\.index\.npy does not agree with the JSONL index"):
-        prepare(cfg_of(corpus, "cache.verify=stat"), progress=False)  # a new manifest: no record applies
+        prepare(cfg_of(corpus, "cache.verify=quick"), progress=False)  # a new manifest: no record applies
 
 
 def test_an_older_format_is_a_one_line_cache_error(tmp_path, monkeypatch, caches, corpus):

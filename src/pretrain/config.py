@@ -76,7 +76,6 @@ class TokenDtype(StrEnum):
 
 class VerifyMode(StrEnum):
     quick = "quick"
-    stat = "stat"
     full = "full"
 
 
@@ -170,7 +169,7 @@ class CacheConfig:
     token_dtype: TokenDtype = TokenDtype.auto
     """tokens on disk: auto (uint16 when every tokenizer id is below 65,536), uint16, uint32 (identity)"""
     verify: VerifyMode = VerifyMode.quick
-    """reuse check: quick (alias stat: manifest, sizes, stats; re-hash what changed) or full (all sha256)"""
+    """reuse check: quick (manifest, sizes, stats; re-hash what changed) or full (all sha256)"""
 
 
 @dataclass
