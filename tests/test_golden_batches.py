@@ -1,0 +1,135 @@
+"""Golden batches: what every data policy served, and the losses it gave, before the policy plug-in
+refactor (recorded on main at 1728807). A refactor of the data path must serve bitwise the same
+batches (sha256 of each update's input ids and cu_seqlens, the chunks and real targets of each
+microbatch) and give the same losses; a sampler state saved then must still resume.
+
+Re-record (only for an intended change of behaviour, saying so in the commit):
+    PRETRAIN_RECORD_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden_batches.py
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import module_cache_root
+
+from pretrain.config import load_config
+from pretrain.training.run import train
+
+GOLDEN = Path(__file__).parent / "golden" / "batches.json"
+RECORD = os.environ.get("PRETRAIN_RECORD_GOLDEN") == "1"
+
+cache_root = module_cache_root()  # one cache (the embedded corpus) for every case
+
+COMMON = [
+    "experiment=smoke",
+    "model.n_layer=1",
+    "model.d_model=32",
+    "model.n_head=2",
+    "data.max_seq_len=64",
+    "train.batch_size=3",
+    "train.max_steps=4",
+    "train.warmup_steps=1",
+    "train.val_every_n_steps=2",
+    "train.val_batches=1",
+    "train.eval_microbatch_tokens=256",
+    "train.checkpoint_every_n_steps=2",
+    "train.deterministic=true",
+    "record_batches=true",
+    "progress_bar=false",
+    "logger=csv",
+]
+
+CASES = {
+    "padded_max": ["data=padded"],
+    "padded_longest": ["data=padded", "data.pad_to=longest"],
+    # Windows of 256 so that the served ones cross document boundaries (the mask then matters).
+    "prepacked_concat": ["data=prepacked", "data.strategy=concat", "data.max_seq_len=256"],
+    "prepacked_bfd": ["data=prepacked", "data.strategy=bfd"],
+    "prepacked_concat_nomask": [
+        "data=prepacked",
+        "data.strategy=concat",
+        "data.document_mask=false",
+        "data.max_seq_len=256",
+    ],
+    "bestfit": ["data=bestfit"],
+    "bestfit_accumulation": ["data=bestfit", "train.accumulation=2", "train.batch_size=2"],
+}
+
+
+def _metrics(run_dir: Path) -> dict[str, dict[str, str]]:
+    """Losses by step, as the strings metrics.csv holds (exact: a float's shortest repr)."""
+    out: dict[str, dict[str, str]] = {}
+    with open(run_dir / "metrics.csv", newline="") as handle:
+        for row in csv.DictReader(handle):
+            for key in ("train/loss", "val/loss", "train/num_targets", "train/tokens"):
+                if row.get(key):
+                    out.setdefault(key, {})[row["step"]] = row[key]
+    return out
+
+
+def _sampler_state(checkpoint: Path) -> dict:
+    """The sampler state a checkpoint holds, read from its pickle without importing the checkpoint
+    machinery (the golden must not depend on the code it guards)."""
+    import torch
+
+    assert zipfile.is_zipfile(checkpoint)
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    (datamodule,) = [v for k, v in state.items() if isinstance(v, dict) and "train_sampler" in v]
+    return json.loads(json.dumps(datamodule["train_sampler"]))
+
+
+def _run(tmp_path: Path, name: str, *extra: str) -> Path:
+    out = tmp_path / name
+    train(load_config([*COMMON, *CASES[name], f"output_dir={out}", *extra]))
+    return out
+
+
+def _observed(run_dir: Path) -> dict:
+    batches = [json.loads(line) for line in (run_dir / "batches.rank0.jsonl").read_text().splitlines()]
+    return {
+        "digests": [b["digest"] for b in batches],
+        "chunks": [b["chunks"] for b in batches],
+        "num_targets": [b["num_targets"] for b in batches],
+        "metrics": _metrics(run_dir),
+    }
+
+
+def _golden() -> dict:
+    return json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_policy_serves_the_recorded_batches_and_losses(tmp_path, cache_root, name):
+    run_dir = _run(tmp_path, name)
+    observed = _observed(run_dir)
+    if RECORD:
+        golden = _golden()
+        golden[name] = {
+            **observed,
+            "sampler_state_step2": _sampler_state(run_dir / "checkpoints" / "step000002.ckpt"),
+        }
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
+        return
+    want = _golden()[name]
+    assert len(observed["digests"]) == 4
+    assert observed["digests"] == want["digests"]
+    assert observed["chunks"] == want["chunks"]
+    assert observed["num_targets"] == want["num_targets"]
+    assert observed["metrics"] == want["metrics"]
+
+
+def test_golden_cases_tell_the_policies_apart():
+    """The recorded cases exercise what they name: the mask changes the concat windows' batches."""
+    golden = _golden()
+    masked, unmasked = golden["prepacked_concat"], golden["prepacked_concat_nomask"]
+    assert masked["chunks"] == unmasked["chunks"]  # the same windows ...
+    assert masked["digests"] != unmasked["digests"]  # ... as other segments
+    assert sum(map(sum, masked["num_targets"])) < sum(map(sum, unmasked["num_targets"]))
+    assert golden["bestfit"]["digests"] != golden["prepacked_bfd"]["digests"]
