@@ -16,16 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..fileio import sha256_file
+
+__all__ = ["sha256_file"]  # re-exported: the cache and the sources hash through this module
+
 STATE_ENV = "PRETRAIN_STATE_DIR"
-
-
-def sha256_file(path: Path | str, block_size: int = 1 << 22) -> str:
-    """sha256 hex digest of a file, read in blocks (memory does not grow with the file)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(block_size), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def state_dir() -> Path:
