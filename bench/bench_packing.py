@@ -29,11 +29,11 @@ import tracemalloc
 import numpy as np
 import torch
 
-from pretrain.config import DataConfig, Policy, TrainConfig
+from pretrain.config import TrainConfig
 from pretrain.data import packing
 from pretrain.data.chunking import chunk_table
 from pretrain.data.packing import best_fit_decreasing, concat_windows
-from pretrain.data.policies import PolicySettings, bestfit_layout, shuffled
+from pretrain.data.policies import BestfitConfig, Policy, PolicySettings, bestfit_layout, shuffled
 from pretrain.data.samplers import build_sampler
 from pretrain.data.synthetic import fineweb_like_lengths
 from pretrain.data.tokens import TokenSplit
@@ -85,10 +85,8 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
 
 def _settings() -> PolicySettings:
     """Best fit at CAPACITY: 8 packs per batch from a buffer of 64 chunks, seed 0."""
-    data = DataConfig(policy=Policy.bestfit, max_seq_len=CAPACITY)
-    train = TrainConfig(
-        batch_size=8, microbatch_tokens=None, packing_buffer=64, eval_microbatch_tokens=8192, val_batches=None
-    )
+    data = BestfitConfig(policy=Policy.bestfit, max_seq_len=CAPACITY, packing_buffer=64)
+    train = TrainConfig(batch_size=8, microbatch_tokens=None, eval_microbatch_tokens=8192, val_batches=None)
     return PolicySettings.from_config(data, train, seed=0)
 
 

@@ -408,13 +408,11 @@ def policy_cfg(policy: str, *overrides: str):
     from omegaconf import OmegaConf
 
     from pretrain.config import Config
-    from pretrain.data.policies import PolicySettings
+    from pretrain.data.policies import PolicySettings, policy_class
 
-    root = OmegaConf.merge(
-        OmegaConf.structured(Config),
-        {"data": OmegaConf.load(REPO / "conf" / "data" / f"{policy}.yaml")},
-        OmegaConf.from_dotlist(list(overrides)),
-    )
+    chosen = OmegaConf.from_dotlist([f"data.policy={policy}", *overrides])
+    schema = policy_class(chosen.data.policy).config_class  # the group typed as data=<policy> types it
+    root = OmegaConf.merge(OmegaConf.structured(Config), {"data": OmegaConf.structured(schema)}, chosen)
     data, train = OmegaConf.to_object(root.data), OmegaConf.to_object(root.train)
     return PolicySettings.from_config(data, train, root.seed)
 

@@ -16,6 +16,7 @@ from omegaconf import MISSING, OmegaConf
 from pretrain import config as schema
 from pretrain import errors
 from pretrain.config import Config, load_config, to_config
+from pretrain.data.policies import REGISTRY, PackingConfig
 
 GROUPS = sorted(
     p.name for p in (REPO / "conf").iterdir() if p.is_dir() and p.name not in ("hydra", "experiment")
@@ -23,11 +24,13 @@ GROUPS = sorted(
 
 
 def schema_classes(cls=Config):
-    """Every dataclass of the schema, the root first."""
+    """Every dataclass of the schema, the root first, and each policy's options of the data group."""
     found = [cls]
     for hint in get_type_hints(cls).values():
         if isinstance(hint, type) and is_dataclass(hint):
             found += schema_classes(hint)
+    if cls is Config:
+        found += [policy.config_class for policy in REGISTRY.values()]
     return found
 
 
@@ -63,9 +66,14 @@ def test_group_files_never_repeat_a_schema_default():
     for group in GROUPS:
         for path in sorted((REPO / "conf" / group).glob("*.yaml")):
             values = yaml.safe_load(path.read_text()) or {}
+            schema = defaults[group]
+            if group == "data":  # typed by the policy's own options, named first in its defaults list
+                config_class = REGISTRY[values["policy"]].config_class
+                assert values.pop("defaults") == [f"{values['policy']}_schema", "_self_"], path
+                schema = OmegaConf.to_container(OmegaConf.structured(config_class), resolve=False)
             for key, value in values.items():
-                assert key in defaults[group], f"{path}: {key} is not in the schema"
-                default = defaults[group][key]
+                assert key in schema, f"{path}: {key} is not in the schema"
+                default = schema[key]
                 assert default == MISSING or default != value, (
                     f"{path}: {key}={value!r} repeats the schema default"
                 )
@@ -91,13 +99,71 @@ def test_wrong_type_names_the_key_and_the_type():
     message = composition_error("train.lr=abc")
     assert "train.lr=abc" in message and "could not be converted to Float" in message
     assert "train.max_steps" in composition_error("train.max_steps=1.5")
-    assert "document_mask" in composition_error("data.document_mask=maybe")
+    assert "document_mask" in composition_error("data=prepacked", "data.document_mask=maybe")
 
 
 def test_unknown_key_fails_at_composition():
     message = composition_error("train.learning_rate=0.1")
     assert "train.learning_rate" in message
     assert "model.n_layers" in composition_error("model.n_layers=3")
+
+
+def test_the_data_group_holds_only_the_chosen_policys_options():
+    """Each policy's dataclass types the group: another policy's option is an unknown key there."""
+    assert "Key 'pad_to' not in 'BestfitConfig'" in composition_error("data=bestfit", "data.pad_to=longest")
+    assert "Key 'strategy' not in 'PaddedConfig'" in composition_error("data=padded", "data.strategy=bfd")
+    assert "Key 'packing_buffer' not in 'PaddedConfig'" in composition_error(
+        "data=padded", "data.packing_buffer=8"
+    )
+    for option, config_class in [("padded", "PaddedConfig"), ("prepacked", "PrepackedConfig")]:
+        assert type(to_config(load_config([f"data={option}"])).data).__name__ == config_class
+    bestfit = to_config(load_config(["data=bestfit", "data.packing_buffer=8"])).data
+    assert isinstance(bestfit, PackingConfig) and bestfit.packing_buffer == 8
+    prepacked = to_config(load_config(["data=prepacked", "data.packing_buffer=5"])).data
+    assert prepacked.packing_buffer == 5  # how its validation chunks are packed
+
+
+def test_data_errors_are_one_line_naming_the_key(tmp_path):
+    with pytest.raises(errors.ConfigError) as info:
+        to_config(load_config(["train.packing_buffer=8"]))
+    assert str(info.value) == (
+        "train.packing_buffer moved to the data group: set data.packing_buffer=8 instead "
+        "(an option of data=bestfit and data=prepacked)"
+    )
+    with pytest.raises(
+        errors.ConfigError, match=r"^data\.policy=padded does not fit the options of data=bestfit"
+    ):
+        to_config(load_config(["data=bestfit", "data.policy=padded"]))
+    with pytest.raises(errors.ConfigError, match=r"^data\.packing_buffer must be a positive integer, got 0$"):
+        to_config(load_config(["data.packing_buffer=0"]))
+    with pytest.raises(errors.ConfigError, match=r"^data\.max_seq_len must be an integer in 2\.\.4096"):
+        to_config(load_config(["data.max_seq_len=4097"]))
+    proc = subprocess.run(
+        prepare_command("train.packing_buffer=8"),
+        cwd=REPO,
+        env=cli_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: train.packing_buffer moved")
+    assert "set data.packing_buffer=8" in proc.stderr
+
+
+def test_a_run_config_saved_before_the_data_group_split_is_upgraded():
+    """A checkpoint's run_config from before: every policy's options in `data`, the buffer in `train`."""
+    saved = OmegaConf.to_container(load_config(["data=bestfit"]), resolve=True, enum_to_str=True)
+    saved["data"] = {"policy": "bestfit", "max_seq_len": 64, "pad_to": "max", "strategy": "concat",
+                     "document_mask": True}  # fmt: skip
+    saved["train"]["packing_buffer"] = 16
+    upgraded = schema.upgrade_run_config(saved)
+    assert upgraded["data"] == {"policy": "bestfit", "max_seq_len": 64, "packing_buffer": 16}
+    assert "packing_buffer" not in upgraded["train"]
+    root = OmegaConf.create(upgraded)
+    assert to_config(root).data.packing_buffer == 16
+    padded = to_config(schema.with_group_option(root, "data", "padded")).data
+    assert (type(padded).__name__, padded.max_seq_len, padded.pad_to) == ("PaddedConfig", 64, "max")
 
 
 def test_a_choice_outside_its_values_lists_them():
@@ -172,7 +238,7 @@ def test_cli_bad_override_is_one_line_naming_the_key(tmp_path):
 def test_data_model_and_stats_code_never_import_hydra_or_omegaconf():
     """Below the entry, code takes typed settings: no DictConfig reaches it."""
     package = REPO / "src" / "pretrain"
-    for path in [*sorted((package / "data").glob("*.py")), *sorted((package / "model").glob("*.py"))]:
+    for path in [*sorted((package / "data").rglob("*.py")), *sorted((package / "model").glob("*.py"))]:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             names = []

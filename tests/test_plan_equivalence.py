@@ -117,7 +117,7 @@ def test_bestfit_sampler_epochs_are_the_reference_plans():
 
     from pretrain.data.samplers import build_sampler
 
-    cfg = policy_cfg("bestfit", "data.max_seq_len=256", "train.batch_size=4", "train.packing_buffer=16")
+    cfg = policy_cfg("bestfit", "data.max_seq_len=256", "train.batch_size=4", "data.packing_buffer=16")
     sampler = build_sampler(cfg, _split(3000, seed=5))
     lengths = sampler.table.length
     for epoch in (0, 1, 7):

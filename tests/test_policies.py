@@ -13,7 +13,6 @@ from conftest import policy_cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretrain.data import policies
 from pretrain.data.batch import IGNORE_INDEX, PAD_TOKEN_ID
 from pretrain.data.chunking import chunk_table
 from pretrain.data.evaluation import evaluation_batches
@@ -23,6 +22,7 @@ from pretrain.data.packing import (
     concat_windows,
 )
 from pretrain.data.policies import load_or_build_packs, packs_path
+from pretrain.data.policies import packs as stored_packs
 from pretrain.data.samplers import build_sampler
 from pretrain.data.tokens import EOS_TOKEN_ID, TokenSplit
 
@@ -96,7 +96,7 @@ def test_seed_pack_example_batch():
     # Documents of 7, 5, 4, 3 tokens (EOS included) are chunks of 6, 4, 3, 2 inputs at capacity 8.
     split = TokenSplit.from_lengths([7, 5, 4, 3], seed=3)
     cfg = make_cfg(
-        "bestfit", "data.max_seq_len=8", "train.packing_buffer=4", "train.eval_microbatch_tokens=16"
+        "bestfit", "data.max_seq_len=8", "data.packing_buffer=4", "train.eval_microbatch_tokens=16"
     )
     (batch,) = list(evaluation_batches(cfg, split))  # chunks best fit in index order
     assert batch.cu_seqlens.tolist() == [0, 6, 8, 12, 15]
@@ -193,7 +193,7 @@ POLICY_CASES = {
     "concat-masked": ("prepacked", "data.strategy=concat", "data.document_mask=true"),
     "concat-open": ("prepacked", "data.strategy=concat", "data.document_mask=false"),
     "bfd": ("prepacked", "data.strategy=bfd"),
-    "bestfit": ("bestfit", "train.packing_buffer=8"),
+    "bestfit": ("bestfit", "data.packing_buffer=8"),
 }
 
 
@@ -349,8 +349,8 @@ def test_prepacked_written_once_and_reused(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("packs were rebuilt instead of reused")
 
-    monkeypatch.setattr(policies, "best_fit_decreasing", fail)
-    monkeypatch.setattr(policies, "concat_windows", fail)
+    monkeypatch.setattr(stored_packs, "best_fit_decreasing", fail)
+    monkeypatch.setattr(stored_packs, "concat_windows", fail)
     again = load_or_build_packs(split, table, "bfd", tmp_path)
     assert path.stat().st_mtime_ns == stamp
     np.testing.assert_array_equal(first.item_id, again.item_id)
@@ -433,7 +433,7 @@ def _build_in_child(split, table, packs_dir, log_path, result_path):
         time.sleep(0.5)  # long enough for every other rank to arrive while the build runs
         return best_fit_decreasing(lengths, capacity)
 
-    policies.best_fit_decreasing = slow_bfd
+    stored_packs.best_fit_decreasing = slow_bfd
     layout = load_or_build_packs(split, table, "bfd", packs_dir)
     np.save(result_path, np.concatenate([layout.ptr, layout.item_id]))
 
@@ -467,7 +467,7 @@ def test_unwritable_packs_dir_builds_in_memory_with_a_warning(tmp_path, monkeypa
     def refuse(self, *args, **kwargs):
         raise PermissionError(13, "Permission denied", self.lock_file)
 
-    monkeypatch.setattr(policies.FileLock, "acquire", refuse)
+    monkeypatch.setattr(stored_packs.FileLock, "acquire", refuse)
     with caplog.at_level("WARNING"):
         layout = load_or_build_packs(split, table, "bfd", tmp_path / "packs")
     assert "building them in memory" in caplog.text and "Permission denied" in caplog.text

@@ -29,7 +29,7 @@ CASES = {
     "concat-masked": ("prepacked", "data.strategy=concat", "data.document_mask=true"),
     "concat-open": ("prepacked", "data.strategy=concat", "data.document_mask=false"),
     "bfd": ("prepacked", "data.strategy=bfd"),
-    "bestfit": ("bestfit", "train.packing_buffer=6"),
+    "bestfit": ("bestfit", "data.packing_buffer=6"),
 }
 
 
@@ -289,8 +289,10 @@ def test_config_errors():
         build_sampler(make_cfg("padded", "data.pad_to=min"), split)
     with pytest.raises(ValueError, match="concat, bfd"):
         build_sampler(make_cfg("prepacked", "data.strategy=ffd"), split)
-    with pytest.raises(ValueError, match="packing_buffer"):
-        build_sampler(make_cfg("bestfit", "train.packing_buffer=0"), split)
+    with pytest.raises(ValueError, match=r"data\.packing_buffer must be a positive integer, got 0"):
+        build_sampler(make_cfg("bestfit", "data.packing_buffer=0"), split)
+    with pytest.raises(ValueError, match=r"train\.packing_buffer moved .* set data\.packing_buffer=8"):
+        make_cfg("bestfit", "train.packing_buffer=8")  # the key moved to the data group
     with pytest.raises(ValueError, match="rank"):
         build_sampler(make_cfg("bestfit"), split, rank=2, world_size=2)
 

@@ -93,7 +93,7 @@ def test_padded_longest(batch_size, computed):
 
 @pytest.mark.parametrize(
     "policy",
-    [("bestfit", "train.packing_buffer=64"), ("prepacked", "data.strategy=bfd")],
+    [("bestfit", "data.packing_buffer=64"), ("prepacked", "data.strategy=bfd")],
     ids=["bestfit", "bfd"],
 )
 def test_best_fit_policies(policy):

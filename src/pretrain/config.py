@@ -23,8 +23,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from omegaconf import II, MISSING, DictConfig, OmegaConf
+from omegaconf import II, MISSING, DictConfig, ListConfig, OmegaConf
 
+# The data group's schema lives with its policies (data/policies/: one config dataclass per policy);
+# the names are re-exported here with the rest of the schema.
+from .data.policies import REGISTRY, policy_class, positive_int
+from .data.policies import DataConfig as DataConfig
+from .data.policies import PadTo as PadTo
+from .data.policies import Policy as Policy
+from .data.policies import Strategy as Strategy
 from .data.split import DEFAULT_SPLIT_SEED, DEFAULT_VALIDATION_FRACTION
 from .data.tokens import GPT2_VOCAB_SIZE
 from .errors import ConfigError
@@ -43,22 +50,6 @@ class TokenizerSource(StrEnum):
     bundled = "bundled"
     hub = "hub"
     files = "files"
-
-
-class Policy(StrEnum):
-    padded = "padded"
-    prepacked = "prepacked"
-    bestfit = "bestfit"
-
-
-class PadTo(StrEnum):
-    max = "max"
-    longest = "longest"
-
-
-class Strategy(StrEnum):
-    concat = "concat"
-    bfd = "bfd"
 
 
 class AttnBackend(StrEnum):
@@ -192,20 +183,6 @@ class PrepareConfig:
 
 
 @dataclass
-class DataConfig:
-    policy: Policy = MISSING
-    """how batches are built from the cache: padded, prepacked or bestfit"""
-    max_seq_len: int = 512
-    """context length = pack capacity = padded row width, 2..4096"""
-    pad_to: PadTo = PadTo.max
-    """padded: pad rows to max_seq_len (max) or to the batch's longest row (longest)"""
-    strategy: Strategy = Strategy.concat
-    """prepacked: concat (fixed windows over the token stream) or bfd (offline best-fit-decreasing)"""
-    document_mask: bool = True
-    """prepacked concat: false lets a window's later documents attend to earlier ones (MiniMind)"""
-
-
-@dataclass
 class AttnConfig:
     backend: AttnBackend = MISSING
     """auto (varlen on CUDA, sdpa elsewhere), sdpa, flex or varlen; explicit ones never change"""
@@ -279,8 +256,8 @@ class TrainConfig:
     """packs (or padded rows) per microbatch"""
     microbatch_tokens: int | None = None
     """alternative to batch_size (batch_size = microbatch_tokens // max_seq_len); set only one"""
-    packing_buffer: int = 64
-    """bestfit: chunks in the best-fit candidate buffer"""
+    packing_buffer: int | None = None
+    """moved to data.packing_buffer (setting it here is an error that says so)"""
     accumulation: int = 1
     """microbatches per optimizer update"""
     eval_microbatch_tokens: int = 8192
@@ -322,8 +299,40 @@ class TrainConfig:
         ):
             _at_least(f"train.{key}", getattr(self, key), 1)
         _at_least("train.warmup_steps", self.warmup_steps, 0)
+        self._check_batching()
         if _is_set(self.lr) and not self.lr > 0:
             raise ConfigError(f"train.lr={self.lr!r} must be > 0")
+
+    def _check_batching(self) -> None:
+        """How microbatches are sized (the data path's knobs of this group), checked once here."""
+        if self.packing_buffer is not None:
+            owners = [
+                f"data={p}"
+                for p, c in REGISTRY.items()
+                if "packing_buffer" in c.config_class.__dataclass_fields__
+            ]
+            raise ConfigError(
+                "train.packing_buffer moved to the data group: set "
+                f"data.packing_buffer={self.packing_buffer} instead (an option of {' and '.join(owners)})"
+            )
+        batch_size, microbatch_tokens = self.batch_size, self.microbatch_tokens
+        if _is_set(batch_size) and _is_set(microbatch_tokens):
+            raise ConfigError(
+                "set only one of train.batch_size and train.microbatch_tokens (e.g. train.batch_size=null)"
+            )
+        if batch_size is None and microbatch_tokens is None:
+            raise ConfigError(
+                "set one of train.batch_size (packs per microbatch) and train.microbatch_tokens"
+            )
+        for key in (
+            "batch_size",
+            "microbatch_tokens",
+            "eval_microbatch_tokens",
+            "val_batches",
+            "accumulation",
+        ):
+            if _is_set(getattr(self, key)):
+                positive_int(getattr(self, key), f"train.{key}")
 
 
 @dataclass
@@ -365,7 +374,66 @@ def register_schema() -> None:
     """Make the schema known to Hydra (`conf/train.yaml` lists it first in its defaults)."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=Config)
+    for policy, cls in REGISTRY.items():  # conf/data/<policy>.yaml lists `<policy>_schema` first
+        store.store(group="data", name=data_schema_name(policy), node=cls.config_class)
+
+
+def data_schema_name(policy: str) -> str:
+    return f"{policy}_schema"
+
+
+# Keys that moved: a run config saved before the move (a checkpoint's) is read with the new names.
+MOVED_KEYS = {"train.packing_buffer": "data.packing_buffer"}
+
+
+def _data_schema(cfg: DictConfig | dict) -> type[DataConfig]:
+    """The dataclass that types `data`: the one its option composed it with, else (an untyped, saved
+    config) that of the policy it names, else the base while none is chosen."""
+    root = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+    typed = OmegaConf.get_type(root, "data") if "data" in root else None
+    if isinstance(typed, type) and issubclass(typed, DataConfig) and typed is not DataConfig:
+        return typed  # its own check refuses a data.policy=... that is not its policy
+    policy = OmegaConf.select(root, "data.policy")
+    if policy is None or policy == MISSING:
+        return DataConfig
+    return policy_class(policy).config_class
+
+
+def upgrade_run_config(saved: dict) -> dict:
+    """A run config as an older pretrain saved it (`run_config` of a checkpoint), in today's schema:
+    moved keys under their new names, and the `data` keys its policy has no option for dropped (every
+    policy's options used to live in one group). Today's configs pass unchanged."""
+    root = OmegaConf.create(saved)
+    for old, new in MOVED_KEYS.items():
+        group, key = old.split(".")
+        if group in root and key in root[group]:
+            value = root[group].pop(key)
+            if value is not None and OmegaConf.select(root, new) is None:
+                OmegaConf.update(root, new, value, force_add=True)
+    schema = _data_schema(root)
+    if "data" in root and schema is not DataConfig:
+        own = {f.name for f in fields(schema)}
+        root.data = {k: v for k, v in root.data.items() if k in own}
+    upgraded = OmegaConf.to_container(root)
+    assert isinstance(upgraded, dict)
+    return upgraded
+
+
+def with_group_option(root: DictConfig | ListConfig, group: str, option: str) -> DictConfig:
+    """`group=option` on an untyped, already composed config (eval's overrides on a checkpoint's
+    config): the option's file on top, without its defaults list; a `data` option keeps only the keys
+    its policy has (data.max_seq_len stays, another policy's options go)."""
+    content = OmegaConf.load(config_dir() / group / f"{option}.yaml")
+    assert isinstance(content, DictConfig)
+    content.pop("defaults", None)
+    merged = OmegaConf.merge(root, {group: content})
+    assert isinstance(merged, DictConfig)
+    if group == "data":
+        own = {f.name for f in fields(_data_schema(merged))}
+        merged.data = {k: v for k, v in merged.data.items() if k in own}
+    return merged
 
 
 def config_dir() -> Path:
@@ -393,7 +461,9 @@ def to_config(cfg: DictConfig | Config) -> Config:
     """The composed config as typed dataclasses (interpolations resolved, every check run)."""
     if isinstance(cfg, Config):
         return cfg
-    typed = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+    schema = OmegaConf.structured(Config)
+    schema.data = OmegaConf.structured(_data_schema(cfg))  # typed by its policy, also when cfg is not
+    typed = OmegaConf.merge(schema, cfg)
     config = OmegaConf.to_object(typed)
     assert isinstance(config, Config)
     return config
@@ -403,14 +473,16 @@ def to_config(cfg: DictConfig | Config) -> Config:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a schema dataclass (read from the source)."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for node, after in zip(body, body[1:], strict=False):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-                docs[node.target.id] = " ".join(str(after.value.value).split())
+    """The docstring under each field of a schema dataclass (read from the source), inherited ones too."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not is_dataclass(klass):
+            continue
+        body = ast.parse(inspect.getsource(klass)).body[0].body  # type: ignore[attr-defined]
+        for node, after in zip(body, body[1:], strict=False):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                    docs[node.target.id] = " ".join(str(after.value.value).split())
     return docs
 
 
@@ -424,6 +496,9 @@ def schema_rows(cls: type = Config, prefix: str = "") -> list[tuple[str, str, st
     for f in fields(cls):
         key = f"{prefix}{f.name}"
         node = hints[f.name]
+        if node is DataConfig:
+            rows += _data_rows(f"{key}.")
+            continue
         if isinstance(node, type) and is_dataclass(node):
             rows += schema_rows(node, f"{key}.")
             continue
@@ -431,6 +506,16 @@ def schema_rows(cls: type = Config, prefix: str = "") -> list[tuple[str, str, st
         shown = "set by the group" if raw == MISSING else raw if isinstance(raw, str) else json.dumps(raw)
         rows.append((key, shown, docs.get(f.name, "")))
     return rows
+
+
+def _data_rows(prefix: str) -> list[tuple[str, str, str]]:
+    """The `data` group's keys: the base's, then each policy's own options (a shared one once)."""
+    rows: dict[str, tuple[str, str, str]] = {}
+    classes: list[type] = [DataConfig, *(policy.config_class for policy in REGISTRY.values())]
+    for cls in classes:
+        for row in schema_rows(cls, prefix):
+            rows.setdefault(row[0], row)
+    return list(rows.values())
 
 
 def markdown_reference() -> str:

@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .config import Config, config_dir, to_config
+from .config import Config, config_dir, to_config, upgrade_run_config, with_group_option
 from .data.cache import CacheSpec
 from .data.evaluation import document_bytes, evaluation_batches
 from .data.policies import PolicySettings
@@ -71,7 +71,8 @@ def saved_config(checkpoint: dict, overrides: Sequence[str] = ()) -> Config:
     saved = checkpoint["hyper_parameters"].get("run_config")
     if not saved:
         raise CheckpointError("the checkpoint does not record its config (written by an older pretrain)")
-    root = OmegaConf.merge(OmegaConf.structured(Config), saved)
+    # Untyped until to_config: a data=<policy> override may change the group's schema.
+    root: DictConfig | ListConfig = OmegaConf.create(upgrade_run_config(saved))
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
@@ -84,7 +85,7 @@ def saved_config(checkpoint: dict, overrides: Sequence[str] = ()) -> Config:
             if not option.is_file():
                 choices = ", ".join(sorted(p.stem for p in group.glob("*.yaml")))
                 raise ConfigError(f"{key}={value}: no such option; choose one of {choices}")
-            root = OmegaConf.merge(root, {key: OmegaConf.load(option)})
+            root = with_group_option(root, key, value)
         else:
             root = OmegaConf.merge(root, OmegaConf.from_dotlist([item]))
     return to_config(root)  # type: ignore[arg-type]

@@ -65,22 +65,25 @@ def gather_packed(
     lengths: np.ndarray,
     pack_sizes: Sequence[int] | np.ndarray,
     capacity: int,
+    targets: np.ndarray | None = None,
 ) -> PackedBatch:
     """Build a packed batch straight from the token file.
 
     `starts`/`lengths` are the chunks in batch order (global token offsets of their first input);
-    `pack_sizes` says how many consecutive chunks form each logical pack.
+    `pack_sizes` says how many consecutive chunks form each logical pack. The targets are the
+    tokens one further, or, when `targets` is given (chunks held apart: `collate_packed`), the
+    entries of `targets` at the inputs' offsets.
     """
     starts = np.asarray(starts, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     positions = run_positions(lengths)
     index = np.repeat(starts, lengths) + positions
     input_ids = np.asarray(tokens[index], dtype=np.int64)
-    targets = np.asarray(tokens[index + 1], dtype=np.int64)
+    target_ids = np.asarray(tokens[index + 1] if targets is None else targets[index], dtype=np.int64)
     pack_lengths = np.diff(prefix_sums(lengths)[prefix_sums(pack_sizes)])
     return PackedBatch(
         input_ids=torch.from_numpy(input_ids),
-        targets=torch.from_numpy(targets),
+        targets=torch.from_numpy(target_ids),
         position_ids=torch.from_numpy(positions),
         cu_seqlens=_cu_seqlens(lengths),
         max_seqlen=int(lengths.max()) if len(lengths) else 0,
@@ -91,24 +94,19 @@ def gather_packed(
 
 
 def collate_packed(chunks: Sequence[Chunk] | Sequence[Sequence[Chunk]], capacity: int = 0) -> PackedBatch:
-    """One flat, padding-free batch from chunks (each its own pack) or from packs (lists of chunks)."""
+    """One flat, padding-free batch from chunks (each its own pack) or from packs (lists of chunks):
+    `gather_packed` over the chunks laid back to back (capacity 0: the longest pack's length)."""
     packs = [list(c) if not isinstance(c, Chunk) else [c] for c in chunks]
     flat = [c for pack in packs for c in pack]
     if not flat:
         raise ValueError("collate_packed needs at least one chunk")
     lengths = np.array([len(c) for c in flat], dtype=np.int64)
-    input_ids = np.concatenate([np.asarray(c.inputs, dtype=np.int64) for c in flat])
+    inputs = np.concatenate([np.asarray(c.inputs, dtype=np.int64) for c in flat])
     targets = np.concatenate([np.asarray(c.targets, dtype=np.int64) for c in flat])
-    pack_lengths = np.array([sum(len(c) for c in pack) for pack in packs], dtype=np.int64)
-    return PackedBatch(
-        input_ids=torch.from_numpy(input_ids),
-        targets=torch.from_numpy(targets),
-        position_ids=torch.from_numpy(run_positions(lengths)),
-        cu_seqlens=_cu_seqlens(lengths),
-        max_seqlen=int(lengths.max()),
-        num_targets=int(lengths.sum()),
-        pack_lengths=torch.from_numpy(pack_lengths),
-        capacity=int(capacity) or int(pack_lengths.max()),
+    sizes = np.array([len(pack) for pack in packs], dtype=np.int64)
+    widest = max(sum(len(c) for c in pack) for pack in packs)
+    return gather_packed(
+        inputs, prefix_sums(lengths)[:-1], lengths, sizes, capacity or widest, targets=targets
     )
 
 

@@ -44,12 +44,13 @@ class Chunk:
 
 
 def split_tokens(name: str, tokens: Sequence[int] | np.ndarray, max_seq_len: int) -> Iterator[Chunk]:
-    """Yield the chunks of one document (its tokens EOS included)."""
-    max_seq_len = check_max_seq_len(max_seq_len)
+    """Yield the chunks of one document (its tokens EOS included): the rows of its `chunk_table`."""
     tokens = np.asarray(tokens, dtype=np.int64)
-    pairs = len(tokens) - 1
-    for index, start in enumerate(range(0, max(pairs, 0), max_seq_len)):
-        length = min(max_seq_len, pairs - start)
+    if len(tokens) < 2:  # no pair: no chunk (the table refuses such a document)
+        check_max_seq_len(max_seq_len)
+        return
+    table = chunk_table(np.zeros(1, dtype=np.int64), np.array([len(tokens)]), max_seq_len)
+    for index, (start, length) in enumerate(zip(table.start.tolist(), table.length.tolist(), strict=True)):
         yield Chunk(
             name=name,
             index=index,

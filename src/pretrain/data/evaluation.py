@@ -2,9 +2,9 @@
 whatever the policy: `pretrain eval` scores a whole split, training's `val/loss` its first documents.
 
 Each chunk of each document (the same chunks training uses) is its own segment, so no token sees
-another chunk or document; the policy only chooses how the chunks share a batch: `padded` puts each
-chunk in its own padded row (nothing is truncated), the packed policies pack the chunks, in index
-order, by best fit. The pairs and what each token attends to are therefore the same for every policy,
+another chunk or document; the policy only chooses how the chunks share a batch (its
+`evaluation_units` and `evaluation_batch`: a padded row per chunk, nothing truncated, or packs best fit
+in index order). The pairs and what each token attends to are therefore the same for every policy,
 and so is the loss (up to float summation order).
 """
 
@@ -14,9 +14,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .batch import PackedBatch, gather_packed, gather_padded
+from .batch import PackedBatch
 from .chunking import ChunkTable
-from .packing import best_fit_buffered
 from .policies import PolicySettings, split_chunks
 from .tokens import TokenSplit
 
@@ -46,10 +45,8 @@ def validation_pairs(settings: PolicySettings) -> int | None:
 
 
 def evaluation_units(settings: PolicySettings, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
-    """(chunk order, unit pointers): padded rows hold one chunk each, packs are best fit in index order."""
-    if settings.policy == "padded":
-        return np.arange(len(table), dtype=np.int64), np.arange(len(table) + 1, dtype=np.int64)
-    return best_fit_buffered(table.length, settings.max_seq_len, settings.packing_buffer)
+    """(chunk order, unit pointers) of `table`'s chunks as the policy batches validation chunks."""
+    return settings.data_policy.evaluation_units(table)
 
 
 def evaluation_batch_count(settings: PolicySettings, table: ChunkTable) -> int:
@@ -62,20 +59,16 @@ def evaluation_batches(
     table: ChunkTable | None = None,
     units: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Iterator[PackedBatch]:
-    """Batches of `settings.eval_batch_size` rows (padded) or packs holding every chunk of `table`
+    """Batches of `settings.eval_batch_size` units (rows or packs) holding every chunk of `table`
     (default: all chunks of `split`), each chunk its own segment. `units`: `evaluation_units` of
     the same table, when the caller keeps them (training validates many times on the same pairs)."""
     table = split_chunks(split, settings.max_seq_len) if table is None else table
     order, ptr = evaluation_units(settings, table) if units is None else units
+    policy = settings.data_policy
     for first in range(0, len(ptr) - 1, settings.eval_batch_size):
         bounds = ptr[first : first + settings.eval_batch_size + 1]
         items = order[bounds[0] : bounds[-1]]
-        starts, lengths = table.start[items], table.length[items]
-        if settings.policy == "padded":
-            width = settings.max_seq_len if settings.pad_to == "max" else int(lengths.max())
-            yield gather_padded(split.tokens, starts, lengths, width)
-        else:
-            yield gather_packed(split.tokens, starts, lengths, np.diff(bounds), settings.max_seq_len)
+        yield policy.evaluation_batch(split, table.start[items], table.length[items], np.diff(bounds))
 
 
 def document_bytes(split: TokenSplit, token_bytes: np.ndarray) -> int:

@@ -1,6 +1,6 @@
 """`pretrain inspect-data`: statistics of a cache under the chosen policy, and a table of them.
 
-All numbers come from the split's index and the policy's layout (epoch 0 for shuffled policies,
+All numbers come from the split's index and the policy's layout (epoch 0 for policies that change per epoch,
 one rank); only the leak check reads tokens, block by block.
 """
 
@@ -106,14 +106,14 @@ def inspect_split(
     sampler: Sampler | None = None,
 ) -> dict:
     """Statistics of the train split under the policy of `settings` (the inspect-data keys of the
-    README), for one rank and epoch 0 (bestfit packs differ slightly per epoch). The policy's
-    sampler says what its batches cost (samplers.py); this module only adds them up:
+    README), for one rank and epoch 0 (a policy that packs anew each epoch differs slightly per
+    epoch). The policy says what its batches cost (data/policies/); this module only adds them up:
 
     * `chunks` / `chunk_lengths`: the sequences attention runs over (`segment_lengths`);
     * `packs`: padded rows or packs; `pack_utilization`: real tokens / `slots` (packs x max_seq_len;
       a padded row counts its padded width, so it is 1 - padding_waste there);
     * `padding_waste`: 1 - real tokens / `computed_rows`;
-    * `truncated_pairs`: pairs no batch ever holds (the padded policy's cut document tails);
+    * `truncated_pairs`: pairs no batch ever holds (e.g. the document tails a policy truncates);
     * `tokens_per_step`: real tokens per microbatch (mean over the epoch) x train.accumulation;
       `steps_per_epoch`: microbatches per epoch // train.accumulation;
     * `verbatim_leaks`: validation documents sharing a 64-token window with a train document.
@@ -122,19 +122,19 @@ def inspect_split(
     `audits=False` leaves out the two costly checks, `train_validation_overlap` (every id) and
     `verbatim_leaks` (every token), keys and all: what a training run logs at its start."""
     # A running job passes its own train sampler: its epoch-0 plan is already built (at 10B tokens a
-    # bestfit plan takes seconds), so the statistics cost no second one.
+    # plan packed online takes seconds), so the statistics cost no second one.
     sampler = sampler if sampler is not None else build_sampler(settings, train, packs_dir=packs_dir)
-    plan = sampler.plan(0)
+    plan, policy = sampler.plan(0), sampler.policy
     real = plan.real_tokens
-    segments = sampler.segment_lengths(plan)
-    computed = sampler.computed_rows(plan)
-    slots = sampler.slots(plan)
+    segments = policy.segment_lengths(plan)
+    computed = policy.computed_rows(plan)
+    slots = policy.slots(plan)
     global_batches = plan.global_batches
     accumulation = settings.accumulation
     scored = evaluation_chunks(validation, settings.max_seq_len, validation_pairs(settings))
     own = {key.split(".")[-1]: value for key, value in sampler.policy_settings().items()}
     return {
-        "policy": settings.policy,
+        "policy": str(settings.policy),
         "max_seq_len": settings.max_seq_len,
         "documents": len(train),
         "raw_tokens": train.num_tokens,
@@ -144,8 +144,8 @@ def inspect_split(
         "packs": len(plan.layout),
         "pack_utilization": real / slots if slots else 0.0,
         "padding_waste": 1.0 - real / computed if computed else 0.0,
-        "truncated_pairs": sampler.truncated_pairs(plan),
-        "cross_document_visible_fraction": sampler.cross_document_visible_fraction(plan),
+        "truncated_pairs": policy.truncated_pairs(train, plan),
+        "cross_document_visible_fraction": policy.cross_document_visible_fraction(plan),
         "tokens_per_step": real / global_batches * accumulation if global_batches else 0.0,
         "steps_per_epoch": global_batches // accumulation,
         **(_audits(train, validation) if audits else {}),

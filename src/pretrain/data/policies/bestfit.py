@@ -1,0 +1,47 @@
+"""`data=bestfit`: each training epoch, a seeded shuffle of the chunks packed online by best fit
+from a bounded candidate buffer (`data.packing_buffer`); the packs keep the order they close in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..chunking import ChunkTable
+from ..packing import best_fit_buffered
+from .base import PackingConfig, PackingPolicy, Policy
+from .layout import Layout, chunk_layout, shuffled
+
+if TYPE_CHECKING:
+    from ..tokens import TokenSplit
+
+
+def bestfit_layout(table: ChunkTable, order: np.ndarray, buffer: int) -> Layout:
+    """Online best fit of the chunks taken in `order` (a permutation of chunk ids)."""
+    items, ptr = best_fit_buffered(table.length, table.max_seq_len, buffer, order=np.asarray(order))
+    return chunk_layout(table, items, ptr)
+
+
+@dataclass
+class BestfitConfig(PackingConfig):
+    for_policy = Policy.bestfit
+
+
+class BestfitPolicy(PackingPolicy):
+    name = Policy.bestfit
+    config_class = BestfitConfig
+    fixed_layout = False  # packed anew every epoch
+    shuffle_units = False  # the chunk order is shuffled before packing; packs keep their order
+    # States saved before the buffer moved from the train group to the data group.
+    renamed_settings = {"train.packing_buffer": "data.packing_buffer"}
+
+    def layout(
+        self, split: TokenSplit, table: ChunkTable, rng: np.random.Generator, packs_dir: Path | None
+    ) -> Layout:
+        order = shuffled(rng, len(table))  # the chunk order of this epoch
+        return bestfit_layout(table, order, self.config.packing_buffer)
+
+    def resume_key(self) -> dict:
+        return {"data.packing_buffer": int(self.config.packing_buffer)}

@@ -1,0 +1,89 @@
+"""`data=padded`: the MiniMind baseline. One document per row (its first chunk, max_seq_len inputs at
+most: the rest is truncated), rows padded with targets -100 to max_seq_len (`data.pad_to=max`) or to
+the batch's longest row (`longest`). Pad rows are really computed, so they count in its cost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..chunking import ChunkTable
+from .base import DataConfig, DataPolicy, Policy
+from .layout import EpochPlan, Layout, chunk_layout, first_chunk_ids
+
+if TYPE_CHECKING:
+    from ..batch import PackedBatch
+    from ..tokens import TokenSplit
+
+
+class PadTo(StrEnum):
+    """`data.pad_to`: the width of a padded row."""
+
+    max = "max"  # max_seq_len
+    longest = "longest"  # the batch's longest row
+
+
+@dataclass
+class PaddedConfig(DataConfig):
+    pad_to: PadTo = PadTo.max
+    """padded: pad rows to max_seq_len (max) or to the batch's longest row (longest)"""
+
+    for_policy = Policy.padded
+
+
+class PaddedPolicy(DataPolicy):
+    name = Policy.padded
+    config_class = PaddedConfig
+    unit_name = "rows"
+    config: PaddedConfig
+
+    def layout(
+        self, split: TokenSplit, table: ChunkTable, rng: np.random.Generator, packs_dir: Path | None
+    ) -> Layout:
+        """One row per document: its first chunk."""
+        items = first_chunk_ids(table)
+        return chunk_layout(table, items, np.arange(len(items) + 1, dtype=np.int64))
+
+    def _width(self, lengths: np.ndarray) -> int:
+        return self.max_seq_len if self.config.pad_to == PadTo.max else int(lengths.max())
+
+    def gather(self, split: TokenSplit, layout: Layout, items: np.ndarray, counts: np.ndarray) -> PackedBatch:
+        from ..batch import gather_padded
+
+        lengths = layout.lengths(items)
+        return gather_padded(split.tokens, layout.starts(items), lengths, self._width(lengths))
+
+    def resume_key(self) -> dict:
+        return {"data.pad_to": str(self.config.pad_to)}
+
+    def computed_rows(self, plan: EpochPlan) -> int:
+        """Every row is computed at its padded width: max_seq_len, or its batch's longest row."""
+        rows = len(plan.layout)
+        if self.config.pad_to == PadTo.max:
+            return rows * self.max_seq_len
+        ordered = plan.layout.unit_tokens[plan.ordered()]
+        heads = np.arange(0, rows, plan.batch_size)
+        return (
+            int((np.maximum.reduceat(ordered, heads) * np.diff(np.append(heads, rows))).sum()) if rows else 0
+        )
+
+    def slots(self, plan: EpochPlan) -> int:
+        return self.computed_rows(plan)  # a padded row holds its padded width
+
+    def truncated_pairs(self, split: TokenSplit, plan: EpochPlan) -> int:
+        return split.num_pairs - plan.real_tokens
+
+    def evaluation_units(self, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
+        """Each chunk its own row (nothing is truncated in evaluation)."""
+        return np.arange(len(table), dtype=np.int64), np.arange(len(table) + 1, dtype=np.int64)
+
+    def evaluation_batch(
+        self, split: TokenSplit, starts: np.ndarray, lengths: np.ndarray, counts: np.ndarray
+    ) -> PackedBatch:
+        from ..batch import gather_padded
+
+        return gather_padded(split.tokens, starts, lengths, self._width(lengths))

@@ -1,0 +1,58 @@
+"""What a run's data path needs, in one object: the chosen policy's options (the typed `data` group)
+and the batching knobs of the `train` group. Every value was checked when the typed config was built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from .base import DataConfig, DataPolicy, Policy
+from .registry import build_policy
+
+if TYPE_CHECKING:
+    from ...config import TrainConfig
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    data: DataConfig  # the chosen policy's config (a DataConfig subclass)
+    seed: int
+    batch_size: int  # units per microbatch (resolved from train.microbatch_tokens when that is set)
+    eval_microbatch_tokens: int
+    val_batches: int | None
+    accumulation: int
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(self.data.policy)
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.data.max_seq_len)
+
+    @cached_property
+    def data_policy(self) -> DataPolicy:
+        """The policy object that lays out, gathers and accounts for this run's batches."""
+        return build_policy(self.data)
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Validation packs (or rows) per microbatch: train.eval_microbatch_tokens // data.max_seq_len."""
+        return max(1, self.eval_microbatch_tokens // self.max_seq_len)
+
+    @classmethod
+    def from_config(cls, data: DataConfig, train: TrainConfig, seed: int) -> PolicySettings:
+        """From the typed `data` and `train` groups and the run seed."""
+        batch_size = train.batch_size
+        if batch_size is None:  # the schema checked that exactly one of the two is set
+            assert train.microbatch_tokens is not None
+            batch_size = max(1, train.microbatch_tokens // int(data.max_seq_len))
+        return cls(
+            data=data,
+            seed=int(seed),
+            batch_size=int(batch_size),
+            eval_microbatch_tokens=int(train.eval_microbatch_tokens),
+            val_batches=train.val_batches,
+            accumulation=int(train.accumulation),
+        )

@@ -1,0 +1,52 @@
+"""Sampler states written before the policy plug-ins still resume: each golden case's
+`sampler_state_step2` (tests/golden/batches.json, recorded on 1728807; bestfit's settings name
+`train.packing_buffer`, since moved to `data.packing_buffer`) is loaded into today's sampler, built
+as that case's run builds it, and the next batch served holds the chunks the old code served at step 3."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+from conftest import module_cache_root
+from test_golden_batches import CASES, COMMON, GOLDEN
+
+from pretrain.config import load_config, to_config
+from pretrain.data.cache import CacheSpec
+from pretrain.data.policies import PolicySettings
+from pretrain.data.prepare import prepare_cache
+from pretrain.data.samplers import STATE_VERSION, build_sampler
+
+cache_root = module_cache_root()
+
+
+def _sampler(name: str, tmp_path):
+    config = to_config(load_config([*COMMON, *CASES[name], f"output_dir={tmp_path}"]))
+    settings = PolicySettings.from_config(config.data, config.train, config.seed)
+    cache = prepare_cache(CacheSpec.from_config(config), progress=False)
+    return build_sampler(settings, cache.split("train"), packs_dir=cache.packs_dir), settings
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_state_saved_before_the_plugins_resumes_at_the_next_batch(tmp_path, cache_root, name):
+    golden = json.loads(GOLDEN.read_text())[name]
+    old_state = golden["sampler_state_step2"]
+    assert old_state["version"] == STATE_VERSION  # no bump: renamed keys are mapped, not versioned
+    sampler, settings = _sampler(name, tmp_path)
+    sampler.load_state_dict(copy.deepcopy(old_state))
+    batches = iter(sampler)
+    served = [np.asarray(next(batches).meta["chunks"]).tolist() for _ in range(settings.accumulation)]
+    assert served == golden["chunks"][2]  # step 3's microbatches, chunk for chunk
+    saved_keys = {sampler.policy.renamed_settings.get(k, k) for k in old_state["settings"]}
+    assert set(sampler.state_dict()["settings"]) == saved_keys  # the same settings, today's names
+
+
+def test_an_old_state_with_another_buffer_is_refused_naming_the_new_key(tmp_path, cache_root):
+    state = copy.deepcopy(json.loads(GOLDEN.read_text())["bestfit"]["sampler_state_step2"])
+    assert state["settings"].pop("train.packing_buffer") == 64
+    state["settings"]["train.packing_buffer"] = 32
+    sampler, _ = _sampler("bestfit", tmp_path)
+    with pytest.raises(ValueError, match=r"data\.packing_buffer: 32 -> 64"):
+        sampler.load_state_dict(state)
