@@ -101,7 +101,7 @@ def best_fit_buffered(
     numba kernel when available, else `_best_fit_buffered_reference`.
     """
     if buffer < 1:
-        raise ValueError(f"train.packing_buffer must be >= 1, got {buffer}")
+        raise ValueError(f"data.packing_buffer must be >= 1, got {buffer}")
     kernels = numba_kernels()
     fast = kernels is not None and capacity <= kernels.MAX_KEY
     if order is not None:
@@ -191,7 +191,7 @@ def _best_fit_buffered_reference(
     """
     lengths = _check_lengths(lengths, capacity)
     if buffer < 1:
-        raise ValueError(f"train.packing_buffer must be >= 1, got {buffer}")
+        raise ValueError(f"data.packing_buffer must be >= 1, got {buffer}")
     n = len(lengths)
     if n >= _SEQ_MASK:
         raise ValueError(f"too many chunks for one packing pass: {n}")

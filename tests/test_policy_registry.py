@@ -1,0 +1,62 @@
+"""The policy plug-ins: one registry, each policy's config types its own `data` option, and no
+module outside data/policies/ names a policy."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import fields
+
+import pytest
+import yaml
+from conftest import REPO
+
+from pretrain.config import load_config, to_config
+from pretrain.data.policies import REGISTRY, DataConfig, DataPolicy, Policy, policy_class
+from pretrain.errors import ConfigError
+
+PACKAGE = REPO / "src" / "pretrain"
+
+
+def test_every_policy_is_registered_with_its_config_and_option():
+    assert list(REGISTRY) == list(Policy)
+    for name, cls in REGISTRY.items():
+        assert issubclass(cls, DataPolicy) and cls.name == name
+        assert issubclass(cls.config_class, DataConfig) and cls.config_class.for_policy == name
+        option = yaml.safe_load((REPO / "conf" / "data" / f"{name}.yaml").read_text())
+        assert option == {"defaults": [f"{name}_schema", "_self_"], "policy": name}
+        config = to_config(load_config([f"data={name}"])).data
+        assert type(config) is cls.config_class
+        assert isinstance(cls(config), DataPolicy)
+
+
+def test_each_config_holds_only_its_policys_options():
+    options = {
+        name: {f.name for f in fields(cls.config_class)} - {"policy", "max_seq_len"}
+        for name, cls in REGISTRY.items()
+    }
+    assert options == {
+        Policy.padded: {"pad_to"},
+        Policy.prepacked: {"strategy", "document_mask", "packing_buffer"},
+        Policy.bestfit: {"packing_buffer"},
+    }
+
+
+def test_an_unknown_policy_is_refused_listing_the_choices():
+    with pytest.raises(
+        ConfigError, match=r"^unknown data\.policy 'greedy'; choose one of padded, prepacked, bestfit$"
+    ):
+        policy_class("greedy")
+
+
+def _policy_literals(path) -> list[str]:
+    names = set(map(str, Policy))
+    tree = ast.parse(path.read_text())
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in names]
+
+
+def test_no_module_outside_the_policies_package_names_a_policy():
+    """The data module, evaluation, stats, the CLI and the rest ask the registry or the policy object."""
+    outside = [p for p in PACKAGE.rglob("*.py") if (PACKAGE / "data" / "policies") not in p.parents]
+    assert len(outside) > 20
+    named = {str(p.relative_to(PACKAGE)): _policy_literals(p) for p in outside}
+    assert {path: found for path, found in named.items() if found} == {}
