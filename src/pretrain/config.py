@@ -3,7 +3,9 @@
 
 Defaults live here and nowhere else. A value that a group option chooses (the policy, the model's
 size, the trainer's device) is MISSING here and set by that option's YAML file (`conf/<group>/*.yaml`),
-which says nothing else. Each field's docstring is its documentation (`docs/config.md` is generated
+which says nothing else. The `data` group is typed by the chosen policy's own dataclass (one per module
+of data/policies/, registered under the group as `<policy>_schema`), so it holds that policy's options
+only. Each field's docstring is its documentation (`docs/config.md` is generated
 from them: `python -m pretrain.config > docs/config.md`).
 
 The run's entry turns the composed `DictConfig` into these dataclasses once (`to_config`) and builds
