@@ -4,6 +4,8 @@ module outside data/policies/ names a policy."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from dataclasses import fields
 
 import pytest
@@ -60,3 +62,13 @@ def test_no_module_outside_the_policies_package_names_a_policy():
     assert len(outside) > 20
     named = {str(p.relative_to(PACKAGE)): _policy_literals(p) for p in outside}
     assert {path: found for path, found in named.items() if found} == {}
+
+
+def test_the_config_schema_imports_the_policies_without_torch():
+    """The policy modules build batches lazily, so `pretrain prepare` (which composes the config)
+    never pays for importing torch."""
+    code = "import sys, pretrain.config; print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert proc.stdout.strip() == "[]"
