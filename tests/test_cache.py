@@ -37,10 +37,10 @@ from conftest import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pretrain.data import build as build_module
 from pretrain.data import prepare as prepare_module
+from pretrain.data.build import executors
+from pretrain.data.build.executors import BATCH_CHARS
 from pretrain.data.cache import CacheError, identity_key, open_cache, verify_cache
-from pretrain.data.prepare import BATCH_CHARS
 from pretrain.data.sources import Document, SourceError
 from pretrain.data.tokenizer import bundled_files
 
@@ -212,7 +212,13 @@ def test_dedup_and_empty_invariants(texts, make_cfg):
     """Every distinct non-blank text once, in first-occurrence order; skips counted exactly."""
     with tempfile.TemporaryDirectory() as root, mock.patch.dict(os.environ, {"PRETRAIN_CACHE_ROOT": root}):
         documents = [Document(text=t, origin=f"mem:{i}") for i, t in enumerate(texts)]
-        with mock.patch.object(build_module, "iter_documents", lambda source: iter(documents)):
+        kept = [t for t in dict.fromkeys(texts) if t.strip()]
+        with mock.patch.object(executors, "documents", lambda source: iter(documents)):
+            if not kept:  # nothing to tokenize: an error naming the source, not an empty cache
+                with pytest.raises(SourceError, match=r"source=local \(.*\) has no usable document"):
+                    prepare(make_cfg(**{"split.validation_fraction": 0.3}), progress=False)
+                assert [p.name for p in Path(root).iterdir() if not p.name.endswith(".lock")] == []
+                return
             cache = prepare(make_cfg(**{"split.validation_fraction": 0.3}), progress=False)
         expected = expected_cache(texts, fraction=0.3)
         assert_matches(cache.directory, expected)
@@ -220,7 +226,6 @@ def test_dedup_and_empty_invariants(texts, make_cfg):
         assert build["documents_read"] == len(texts)
         assert build["duplicates_skipped"] == expected["stats"]["duplicates"]
         assert build["empty_skipped"] == expected["stats"]["empty"] == sum(not t.strip() for t in texts)
-        kept = [t for t in dict.fromkeys(texts) if t.strip()]
         assert cache.manifest["splits"]["train"]["documents"] + cache.manifest["splits"]["validation"][
             "documents"
         ] == len(kept)
@@ -288,7 +293,7 @@ def test_reading_stops_when_both_budgets_are_met(make_cfg):
     releases the source (no reader thread left behind)."""
     state = {"reads": 0, "closed": False}
     budgets = {"budget.train_tokens": 4000, "budget.validation_tokens": 300}
-    with mock.patch.object(build_module, "iter_documents", lambda source: _endless_documents(state)):
+    with mock.patch.object(executors, "documents", lambda source: _endless_documents(state)):
         cache = prepare(make_cfg(**budgets), progress=False)
 
     texts = [d.text for d in itertools.islice(_endless_documents({}), state["reads"])]

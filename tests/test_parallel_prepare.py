@@ -30,11 +30,12 @@ from conftest import (
 )
 from filelock import FileLock
 
-from pretrain.data import build as build_module
-from pretrain.data import sources
-from pretrain.data.build import PrepareSettings, part_file, prepare_settings, prepare_task, staging_dir
+from pretrain.data.build import settings as settings_module
+from pretrain.data.build.settings import PrepareSettings, resolve_num_proc
+from pretrain.data.build.staging import part_file, prepare_task, staging_dir
 from pretrain.data.cache import CacheError, verify_cache
 from pretrain.data.prepare import prepare_cache
+from pretrain.data.sources import LocalSource, PartSizes, documents, fineweb, source_from_config
 from pretrain.errors import ConfigError, SourceError
 
 FRACTION = 0.2
@@ -49,20 +50,23 @@ def file_digests(directory: Path) -> dict[str, str]:
     }
 
 
+def with_settings(cfg, root: Path, **settings):
+    """The CacheSpec of `cfg` under `root`, built with these prepare settings."""
+    return dataclasses.replace(cache_spec(cfg), root=root, prepare=PrepareSettings(**settings))
+
+
 def build(cfg, root: Path, **settings):
     """prepare_cache of `cfg` under `root` with these prepare settings (in this process)."""
-    spec = dataclasses.replace(cache_spec(cfg), root=root)
-    with prepare_settings(PrepareSettings(**settings)):
-        return prepare_cache(spec, progress=False)
+    return prepare_cache(with_settings(cfg, root, **settings), progress=False)
 
 
-@pytest.fixture
-def small_parts(monkeypatch):
-    """Parts of a few documents, so that a small corpus is many parts interleaved over the workers
-    (the workers get the parent's part sizes)."""
-    monkeypatch.setattr(sources, "JSONL_PART_BYTES", 6000)
-    monkeypatch.setattr(sources, "PARQUET_PART_ROWS", 7)
-    monkeypatch.setattr(sources, "PYDOCS_PART_MODULES", 64)
+# Parts of a few documents, so that a small corpus is many parts interleaved over the workers (the
+# sizes travel with the source object to the workers).
+SMALL_PARTS = PartSizes(parquet_rows=7, jsonl_bytes=6000, pydocs_modules=64)
+
+
+def local_parts(path: Path, sizes: PartSizes = SMALL_PARTS) -> list:
+    return list(LocalSource(files=(str(path),), sizes=sizes).parts())
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +80,12 @@ def texts() -> list[str]:
 BUDGETS = {"budget.train_tokens": 30_000, "budget.validation_tokens": 4_000}
 
 
-def test_local_jsonl_with_duplicates_and_budgets_is_the_same_for_1_and_2_workers(
-    tmp_path, texts, small_parts
-):
+def test_local_jsonl_with_duplicates_and_budgets_is_the_same_for_1_and_2_workers(tmp_path, texts):
     path = write_jsonl(tmp_path / "corpus.jsonl", texts + texts[:40])  # more duplicates at the end
-    assert len(list(sources.local_parts([path]))) > 8
+    assert len(local_parts(path)) > 8
     cfg = compose(*local_overrides([path], **{"split.validation_fraction": FRACTION, **BUDGETS}))
-    one = build(cfg, tmp_path / "one", num_proc=1)
-    two = build(cfg, tmp_path / "two", num_proc=2)
+    one = build(cfg, tmp_path / "one", num_proc=1, part_sizes=SMALL_PARTS)
+    two = build(cfg, tmp_path / "two", num_proc=2, part_sizes=SMALL_PARTS)
     assert one.directory.name == two.directory.name  # the same identity
     assert file_digests(one.directory) == file_digests(two.directory)
     assert two.manifest["build"]["num_proc"] == 2 and one.manifest["build"]["num_proc"] == 1
@@ -101,44 +103,50 @@ def test_local_jsonl_with_duplicates_and_budgets_is_the_same_for_1_and_2_workers
             assert cache.manifest["splits"][split]["tokens"] == sum(map(len, expected[split]["docs"]))
 
 
-def test_parquet_parts_across_row_groups_are_the_same_for_1_and_2_workers(tmp_path, texts, small_parts):
+def test_parquet_parts_across_row_groups_are_the_same_for_1_and_2_workers(tmp_path, texts):
     first = write_parquet(tmp_path / "a.parquet", texts[:70], row_group_size=5)
     second = write_parquet(tmp_path / "b.parquet", texts[60:], row_group_size=40)  # overlapping: duplicates
     cfg = compose(*local_overrides([first, second], **{"split.validation_fraction": FRACTION}))
-    one = build(cfg, tmp_path / "one", num_proc=1)
-    two = build(cfg, tmp_path / "two", num_proc=2)
+    one = build(cfg, tmp_path / "one", num_proc=1, part_sizes=SMALL_PARTS)
+    two = build(cfg, tmp_path / "two", num_proc=2, part_sizes=SMALL_PARTS)
     assert file_digests(one.directory) == file_digests(two.directory)
     assert one.manifest["splits"] == two.manifest["splits"]
     assert two.manifest["build"]["duplicates_skipped"] >= 10
 
 
-def test_a_bad_row_read_by_a_worker_is_the_same_one_line_error(tmp_path, texts, small_parts, cache_root):
+def test_a_bad_row_read_by_a_worker_is_the_same_one_line_error(tmp_path, texts, cache_root):
     rows = [{"text": t} for t in texts[:40]]
     rows[22]["text"] = None  # in the 4th part (rows 20..25): the second worker's
     path = write_parquet(tmp_path / "nulls.parquet", None, rows=rows)
-    assert [(p.start, p.stop) for p in sources.local_parts([path])][3] == (20, 26)
+    assert [(p.start, p.stop) for p in local_parts(path)][3] == (20, 26)
     with pytest.raises(SourceError, match=r"nulls\.parquet: row 22: `text` is NoneType, not a string"):
-        build(compose(*local_overrides([path])), cache_root, num_proc=2)
+        build(compose(*local_overrides([path])), cache_root, num_proc=2, part_sizes=SMALL_PARTS)
     assert [p.name for p in cache_root.iterdir() if not p.name.endswith(".lock")] == []
 
 
-def test_pydocs_with_a_budget_is_the_same_for_1_and_2_workers(tmp_path, small_parts):
+def test_pydocs_with_a_budget_is_the_same_for_1_and_2_workers(tmp_path):
     cfg = compose("budget.train_tokens=120000", "budget.validation_tokens=8000")
-    one = build(cfg, tmp_path / "one", num_proc=1)
-    two = build(cfg, tmp_path / "two", num_proc=2)
+    one = build(cfg, tmp_path / "one", num_proc=1, part_sizes=SMALL_PARTS)
+    two = build(cfg, tmp_path / "two", num_proc=2, part_sizes=SMALL_PARTS)
     assert file_digests(one.directory) == file_digests(two.directory)
     assert two.manifest["splits"]["train"]["tokens"] >= 120_000
     assert two.manifest["build"]["encoder"] == "tiktoken" and two.manifest["build"]["num_proc"] == 2
 
 
-def test_num_proc_default_and_bounds(tmp_path, texts):
+def test_num_proc_default_and_bounds(tmp_path, texts, monkeypatch, capsys):
     path = write_jsonl(tmp_path / "small.jsonl", texts[:5])
-    local = compose(*local_overrides([path])).source
+    local = source_from_config(compose(*local_overrides([path])).source)
+    pydocs = source_from_config(compose().source)
     settings = PrepareSettings()
-    assert build_module.resolve_num_proc(settings, local) == 1  # a small local source: in-process
+    assert resolve_num_proc(settings, local) == 1  # a small local source: in-process
     cores = len(os.sched_getaffinity(0))
-    assert build_module.resolve_num_proc(settings, compose().source) == cores
-    assert build_module.resolve_num_proc(PrepareSettings(num_proc=3), local) == 3
+    assert resolve_num_proc(settings, pydocs) == cores
+    monkeypatch.setattr(settings_module, "usable_cores", lambda: 4)
+    assert resolve_num_proc(PrepareSettings(num_proc=3), local) == 3
+    assert capsys.readouterr().err == ""
+    # Above the usable cores: capped, with one line saying so.
+    assert resolve_num_proc(PrepareSettings(num_proc=64), local) == 4
+    assert capsys.readouterr().err == "prepare.num_proc=64 is above the 4 usable cores: using 4\n"
     with pytest.raises(ConfigError, match=r"prepare\.num_proc"):
         compose_typed("prepare.num_proc=0")
     with pytest.raises(ConfigError, match=r"prepare\.task=3 must be in 0\.\.2"):
@@ -154,22 +162,21 @@ def compose_typed(*overrides):
 # --- multi-task: parts files, assembled in order ------------------------------------------------
 
 
-def test_tasks_assemble_the_same_cache(tmp_path, texts, small_parts):
+def test_tasks_assemble_the_same_cache(tmp_path, texts):
     path = write_jsonl(tmp_path / "corpus.jsonl", texts + texts[:30])
     cfg = compose(*local_overrides([path], **{"split.validation_fraction": FRACTION, **BUDGETS}))
     single = build(cfg, tmp_path / "single", num_proc=1)
 
     root = tmp_path / "tasks"
-    spec = dataclasses.replace(cache_spec(cfg), root=root)
-    with prepare_settings(PrepareSettings(tasks=3)):
-        with pytest.raises(CacheError, match=r"no part file of task\(s\) 0, 1, 2 .*prepare\.task=<i>"):
-            prepare_cache(spec, progress=False)
+    spec = with_settings(cfg, root, tasks=3, part_sizes=SMALL_PARTS)
+    with pytest.raises(CacheError, match=r"no part file of task\(s\) 0, 1, 2 .*prepare\.task=<i>"):
+        prepare_cache(spec, progress=False)
     for task in (2, 0, 1):  # any order, any machine
         workers = 2 if task == 1 else 1
-        written = prepare_task(spec, PrepareSettings(tasks=3, task=task, num_proc=workers), progress=False)
+        task_spec = with_settings(cfg, root, tasks=3, task=task, num_proc=workers, part_sizes=SMALL_PARTS)
+        written = prepare_task(task_spec, progress=False)
         assert written == part_file(spec, 3, task) and written.is_file()
-    with prepare_settings(PrepareSettings(tasks=3)):
-        assembled = prepare_cache(spec, progress=False)
+    assembled = prepare_cache(spec, progress=False)
     assert assembled.directory.name == single.directory.name
     assert file_digests(assembled.directory) == file_digests(single.directory)
     assert assembled.manifest["splits"] == single.manifest["splits"]
@@ -179,17 +186,15 @@ def test_tasks_assemble_the_same_cache(tmp_path, texts, small_parts):
 def test_a_part_file_of_another_cache_is_refused(tmp_path, texts):
     path = write_jsonl(tmp_path / "corpus.jsonl", texts[:20])
     cfg = compose(*local_overrides([path]))
-    spec = dataclasses.replace(cache_spec(cfg), root=tmp_path / "root")
-    other = dataclasses.replace(cache_spec(compose(*local_overrides([path]), "split.seed=7")), root=spec.root)
-    prepare_task(other, PrepareSettings(tasks=2, task=0), progress=False)
-    prepare_task(spec, PrepareSettings(tasks=2, task=1), progress=False)
+    spec = with_settings(cfg, tmp_path / "root", tasks=2)
+    other = with_settings(compose(*local_overrides([path]), "split.seed=7"), spec.root, tasks=2, task=0)
+    prepare_task(other, progress=False)
+    prepare_task(dataclasses.replace(spec, prepare=PrepareSettings(tasks=2, task=1)), progress=False)
     staging_dir(spec, 2).mkdir(parents=True, exist_ok=True)
-    part_file(other, 2, 0).rename(part_file(spec, 2, 0))
-    with prepare_settings(PrepareSettings(tasks=2)):
-        with pytest.raises(
-            CacheError, match=r"part-00000-of-00002\.bin was written for key=.*rerun that task"
-        ):
-            prepare_cache(spec, progress=False)
+    for name in ("part-00000-of-00002.bin", "part-00000-of-00002.bin.sha256"):  # intact, of another cache
+        (staging_dir(other, 2) / name).rename(staging_dir(spec, 2) / name)
+    with pytest.raises(CacheError, match=r"part-00000-of-00002\.bin was written for key=.*rerun that task"):
+        prepare_cache(spec, progress=False)
     assert not spec.directory.exists()
 
 
@@ -219,7 +224,7 @@ def test_hydra_multirun_tasks_then_pretrain_prepare_assembles(tmp_path, texts, c
     assert tasks.returncode == 0, tasks.stderr
     spec = cache_spec(compose(*overrides))
     assert sorted(p.name for p in staging_dir(spec, 3).iterdir()) == [
-        f"part-{t:05d}-of-00003.bin" for t in range(3)
+        f"part-{t:05d}-of-00003.bin{suffix}" for t in range(3) for suffix in ("", ".sha256")
     ]
     assembled = subprocess.run(
         prepare_command("prepare.tasks=3", *overrides),
@@ -391,9 +396,7 @@ def test_a_glob_in_source_files_expands_sorted_and_a_glob_without_match_says_so(
 # --- FineWeb's parts, offline -------------------------------------------------------------------
 
 
-def test_fineweb_parts_read_the_configs_parquet_files_in_name_order(
-    tmp_path, texts, monkeypatch, small_parts
-):
+def test_fineweb_parts_read_the_configs_parquet_files_in_name_order(tmp_path, texts, monkeypatch):
     """The hub's folder of the pinned revision, served by a local fsspec filesystem: parts are the
     files' row ranges in file-name order, read through the filesystem (nothing reaches the network)."""
     import fsspec
@@ -405,12 +408,14 @@ def test_fineweb_parts_read_the_configs_parquet_files_in_name_order(
     write_parquet(folder / "000_00000.parquet", texts[:60], row_group_size=9)
     (folder / "README.md").write_text("not a data file")
     monkeypatch.chdir(tmp_path)  # the filesystem's paths are relative: datasets/<repo>@<revision>/...
-    monkeypatch.setattr(sources, "_check_hub", lambda path: None)
-    monkeypatch.setattr(sources, "_hub_filesystem", lambda: fsspec.filesystem("file"))
-    parts = list(sources.iter_parts(source))
-    assert {p.kind for p in parts} == {"hf-parquet"} and len(parts) > 2
-    assert [d.text for d in sources.iter_documents(source)] == texts
-    cache = build(cfg, tmp_path / "root", num_proc=1)
+    monkeypatch.setattr(fineweb, "check_hub", lambda path: None)
+    monkeypatch.setattr(fineweb, "hub_filesystem", lambda: fsspec.filesystem("file"))
+    hub = source_from_config(source, SMALL_PARTS)
+    parts = list(hub.parts())
+    assert {p.kind for p in parts} == {"parquet"} and len(parts) > 2
+    assert {Path(p.path).name for p in parts} == {"000_00000.parquet", "001_00000.parquet"}
+    assert [d.text for d in documents(hub)] == texts
+    cache = build(cfg, tmp_path / "root", num_proc=1, part_sizes=SMALL_PARTS)
     expected = expected_cache(texts, fraction=0.2)
     for split in ("train", "validation"):
         assert cache.manifest["splits"][split]["documents"] == len(expected[split]["docs"])

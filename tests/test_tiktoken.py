@@ -13,7 +13,6 @@ from conftest import cache_spec, reference_encode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pretrain.data import build as build_module
 from pretrain.data.tokenizer import (
     EOS_TEXT,
     EOS_TOKEN_ID,
@@ -165,10 +164,9 @@ def test_the_encoder_choice_is_not_in_the_cache(make_cfg):
     from pretrain.data.prepare import prepare_cache
 
     def build(encoder: str, root):
-        spec = cache_spec(make_cfg(**{"prepare.encoder": encoder}))
+        spec = cache_spec(make_cfg(**{"prepare.encoder": encoder, "prepare.num_proc": 1}))
         spec = dataclasses.replace(spec, root=root)
-        with build_module.prepare_settings(build_module.PrepareSettings(num_proc=1, encoder=encoder)):
-            return spec, prepare_cache(spec, progress=False)
+        return spec, prepare_cache(spec, progress=False)
 
     root = cache_spec(make_cfg()).root
     spec_a, a = build("tiktoken", root / "a")
@@ -190,12 +188,11 @@ def test_a_disagreement_fails_the_build(make_cfg, monkeypatch, cache_root):
         return ids, lengths
 
     monkeypatch.setattr(TiktokenEncoder, "encode", off_by_one)
-    spec = cache_spec(make_cfg())
+    spec = cache_spec(make_cfg(**{"prepare.num_proc": 1}))
     from pretrain.data.prepare import prepare_cache
 
-    with build_module.prepare_settings(build_module.PrepareSettings(num_proc=1)):
-        with pytest.raises(TokenizerError, match="tiktoken and tokenizers disagree on document [0-9a-f]{64}"):
-            prepare_cache(spec, progress=False)
+    with pytest.raises(TokenizerError, match="tiktoken and tokenizers disagree on document [0-9a-f]{64}"):
+        prepare_cache(spec, progress=False)
     assert not spec.directory.exists()
 
 

@@ -36,18 +36,17 @@ def run_prepare(config: Config, *, progress: bool = True) -> tuple[Path, Cache |
 
     Returns (the cache directory, the cache), or (the task's part file, None) for a task.
     """
-    from .data.build import PrepareSettings, prepare_settings, prepare_task, staging_dir
+    from .data.build.staging import prepare_task, staging_dir
     from .data.cache import CacheSpec, verify_cache
     from .data.prepare import prepare_cache
 
-    settings = PrepareSettings.from_config(config.prepare)
-    spec = CacheSpec.from_config(config)
-    with prepare_settings(settings):
-        if settings.tasks > 1 and settings.task is not None:
-            return prepare_task(spec, settings, progress=progress), None
-        cache = prepare_cache(spec, progress=progress)
-    staging = staging_dir(spec, settings.tasks)
-    if settings.tasks > 1 and staging.exists():
+    spec = CacheSpec.from_config(config)  # carries the prepare settings (spec.prepare) to the build
+    tasks = spec.prepare.tasks
+    if tasks > 1 and spec.prepare.task is not None:
+        return prepare_task(spec, progress=progress), None
+    cache = prepare_cache(spec, progress=progress)
+    staging = staging_dir(spec, tasks)
+    if tasks > 1 and staging.exists():
         verify_cache(cache.directory, spec.identity)  # every sha256 and the index, after assembly
         shutil.rmtree(staging, ignore_errors=True)
     return cache.directory, cache

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import CacheError, ConfigError
+from .build.settings import PrepareSettings
 from .files import (
     ensure_dir,
     file_stat,
@@ -138,6 +139,7 @@ class CacheSpec:
     tokenizer_files: TokenizerFiles
     rebuild: bool = False
     verify: str = "quick"
+    prepare: PrepareSettings = field(default_factory=PrepareSettings)  # how a build runs, not what it holds
 
     @property
     def directory(self) -> Path:
@@ -165,6 +167,7 @@ class CacheSpec:
             tokenizer_files=tokenizer_files,
             rebuild=bool(config.cache.rebuild),
             verify=verify,
+            prepare=PrepareSettings.from_config(config.prepare),
         )
 
 

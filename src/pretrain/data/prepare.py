@@ -10,6 +10,7 @@ or kill at any moment leaves nothing that passes verification, and a rerun start
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
@@ -18,7 +19,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ..errors import CacheError
-from .build import BATCH_CHARS, build_cache
+from ..fileio import fsync_dir
+from .build.builder import build_cache
 from .cache import (
     REBUILD_HINT,
     Cache,
@@ -32,14 +34,6 @@ from .cache import (
 )
 from .files import writable_dir
 from .writer import SplitWriter
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _log(message: str) -> None:
@@ -108,20 +102,39 @@ def _build(spec: CacheSpec, *, progress: bool) -> Cache:
             # a dead process's leftover.
             shutil.rmtree(stale, ignore_errors=True)
         tmp = root / f".{key}.tmp-{os.getpid()}"
-        tmp.mkdir()
         try:
+            tmp.mkdir()
             manifest = _complete_manifest(spec, tmp, build_cache(spec, tmp, progress=progress))
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             os.rename(tmp, directory)
-            _fsync_dir(root)
-        except BaseException:
+            fsync_dir(root)
+        except BaseException as error:
+            # Any exception (a full disk, Ctrl-C, a preemption raised by a signal handler): nothing
+            # half-built stays; the workers are already stopped (the build closes them first).
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(error, OSError):
+                raise _write_error(error, root) from None
             raise
         # Every file was hashed as it was written: the next start only compares stats.
         record_built(directory, manifest)
         return Cache(directory=directory, manifest=manifest)
     finally:
         lock.release()
+
+
+def _write_error(error: OSError, root: Path) -> CacheError:
+    """An OSError of the build as one line: what failed, where, and what to do."""
+    where = error.filename or root
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "free space there or set cache_root (or PRETRAIN_CACHE_ROOT) to a file system with room"
+    elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        hint = "make it writable or set cache_root (or PRETRAIN_CACHE_ROOT) to a writable directory"
+    else:
+        hint = "fix the file system (or set cache_root elsewhere)"
+    return CacheError(
+        f"building the cache failed writing {where}: {error.strerror or error}; nothing was kept: {hint}, "
+        "then rerun"
+    )
 
 
 def _complete_manifest(spec: CacheSpec, directory: Path, manifest: dict) -> dict:
@@ -150,7 +163,6 @@ def _discard(directory: Path, root: Path) -> None:
 
 
 __all__ = [
-    "BATCH_CHARS",
     "CacheError",
     "REBUILD_HINT",
     "SplitWriter",

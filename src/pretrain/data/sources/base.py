@@ -1,0 +1,100 @@
+"""What every source kind shares: documents, parts, part sizes and the protocol a kind implements.
+
+A source yields `Document(text, origin)` in a deterministic order; `origin` names the file and row so
+that a bad record can be reported precisely. Its stream is cut into `Part`s, contiguous slices that
+can be read independently (a slice of the pydocs modules, a row range of a parquet file, a byte range
+of a JSON lines file), so that several processes (`prepare.num_proc`) or tasks (`prepare.tasks`) read
+and tokenize disjoint parts while the cache is still assembled in source order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from ...errors import SourceError
+
+
+@dataclass(frozen=True)
+class Document:
+    text: str
+    origin: str
+
+
+@dataclass(frozen=True)
+class Part:
+    """A contiguous slice of a source's document stream, readable on its own (picklable)."""
+
+    kind: str  # how its source reads it: pydocs-topics | pydocs-modules | parquet | jsonl | json
+    path: str = ""
+    start: int = 0  # first module (pydocs), row (parquet) or byte (jsonl)
+    stop: int = 0  # end of the slice, exclusive
+    row: int = 0  # jsonl: the row number of the first line at `start` (for messages)
+
+
+@dataclass(frozen=True)
+class PartSizes:
+    """How big a part is. Any sizes give the same cache (parts only split the work); tasks of one
+    multi-task prepare must use the same sizes, so their part files record them."""
+
+    parquet_rows: int = 1024  # ~0.8M GPT-2 tokens of FineWeb; parts follow row groups
+    jsonl_bytes: int = 4 << 20  # cut at line ends
+    pydocs_modules: int = 16  # ~30 parts, parsed by the workers in parallel
+
+
+class Source(Protocol):
+    """One source kind: a frozen, picklable value (spawned prepare workers receive it)."""
+
+    @property
+    def kind(self) -> str:
+        """`source.kind`: pydocs | local | fineweb."""
+        ...
+
+    def identity(self) -> dict:
+        """What identifies the documents (part of the cache identity); never how they are read."""
+        ...
+
+    def parts(self) -> Iterator[Part]:
+        """The parts in stream order, lazily (a remote listing is not read ahead)."""
+        ...
+
+    def read(self, part: Part) -> Iterator[Document]:
+        """The documents of one part, in order (blank ones included: the build counts and skips them)."""
+        ...
+
+    def describe(self) -> str:
+        """The source in a message: `source=local (a.jsonl, b.parquet)`."""
+        ...
+
+    def is_small(self) -> bool:
+        """Small enough that one process encodes it faster than prepare workers start."""
+        ...
+
+
+def documents(source: Source) -> Iterator[Document]:
+    """Every document of the source in stream order: each part's documents, part after part."""
+    for part in source.parts():
+        yield from source.read(part)
+
+
+def empty_file_error(path) -> SourceError:
+    return SourceError(
+        f"{path} has no documents (an empty file); remove it from source.files or give it rows with a "
+        "`text` column"
+    )
+
+
+def unreadable_error(path, kind: str, error: BaseException) -> SourceError:
+    return SourceError(f"{path}: cannot be read as {kind} ({type(error).__name__}: {error})")
+
+
+def row_text(path, row_number: int, row) -> str:
+    """The `text` of one row, or the error that names the row and what it holds instead."""
+    if not isinstance(row, dict) or "text" not in row:
+        columns = sorted(row) if isinstance(row, dict) else type(row).__name__
+        raise SourceError(f"{path}: row {row_number} has no `text` column (columns: {columns})")
+    text = row["text"]
+    if not isinstance(text, str):
+        raise SourceError(f"{path}: row {row_number}: `text` is {type(text).__name__}, not a string")
+    return text
