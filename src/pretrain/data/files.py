@@ -12,11 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
-from ..fileio import sha256_file
+from ..fileio import sha256_file, write_text_atomic
 
 __all__ = ["sha256_file"]  # re-exported: the cache and the sources hash through this module
 
@@ -72,24 +71,14 @@ def read_json(path: Path) -> dict | None:
 
 
 def write_json_atomic(path: Path, value: dict) -> bool:
-    """Write `value` as JSON to `path` atomically (a temporary file beside it, then rename).
-    False when the directory cannot be written: callers treat the state as a cache, never a must."""
+    """Write `value` as JSON to `path` atomically (pretrain.fileio). False when the directory cannot be
+    written: callers treat the state as a cache, never a must."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        # 0o644 like the cache's other files: readable by whoever can read the cache.
+        write_text_atomic(path, json.dumps(value, indent=1, sort_keys=True) + "\n", perm=0o644)
     except OSError:
         return False
-    try:
-        os.fchmod(fd, 0o644)  # like the cache's other files: readable by whoever can read the cache
-        with os.fdopen(fd, "w") as handle:
-            json.dump(value, handle, indent=1, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        return True
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
-        return False
+    return True
 
 
 def remembered_sha256(path: Path | str) -> str:

@@ -26,7 +26,7 @@ from typing import IO
 import numpy as np
 
 from ...errors import CacheError
-from ...fileio import atomic_write, sha256_file, write_text_atomic
+from ...fileio import atomic_write, remove_stale_temporaries, sha256_file, write_text_atomic
 from ..cache import CacheSpec
 from ..sources import source_from_config
 from .collect import BuildStats
@@ -100,6 +100,7 @@ def prepare_task(spec: CacheSpec, *, progress: bool = True) -> Path:
     assert settings.task is not None
     path = part_file(spec, settings.tasks, settings.task)
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path.parent)  # of tasks killed mid-write (their pid is gone)
     checksum_file(path).unlink(missing_ok=True)  # a part file without its sha256 is never assembled
     source = source_from_config(spec.source, settings.part_sizes)
     job = Job(
