@@ -123,16 +123,17 @@ def _build(spec: CacheSpec, *, progress: bool) -> Cache:
 
 
 def _write_error(error: OSError, root: Path) -> CacheError:
-    """An OSError of the build as one line: what failed, where, and what to do."""
-    where = error.filename or root
+    """An OSError of the build (a full disk, a permission) as one line: what failed, where, what to do."""
+    where = Path(error.filename) if error.filename else root
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         hint = "free space there or set cache_root (or PRETRAIN_CACHE_ROOT) to a file system with room"
     elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         hint = "make it writable or set cache_root (or PRETRAIN_CACHE_ROOT) to a writable directory"
     else:
         hint = "fix the file system (or set cache_root elsewhere)"
+    doing = "writing" if where.is_relative_to(root) else "at"
     return CacheError(
-        f"building the cache failed writing {where}: {error.strerror or error}; nothing was kept: {hint}, "
+        f"building the cache failed {doing} {where}: {error.strerror or error}; nothing was kept: {hint}, "
         "then rerun"
     )
 

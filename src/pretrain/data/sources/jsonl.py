@@ -12,10 +12,17 @@ from .base import Document, Part, empty_file_error, row_text, unreadable_error
 _SCAN_BLOCK = 16 << 20
 
 
+def _open(path: str):
+    try:
+        return open(path, "rb")
+    except OSError as error:  # unreadable (permissions, removed meanwhile): the file's error, one line
+        raise unreadable_error(path, "JSON lines", error) from error
+
+
 def jsonl_parts(path: str, bytes_per_part: int) -> Iterator[Part]:
     """Byte ranges of about `bytes_per_part`, each ending at a line end (one pass also counts the
     lines, so that messages name the row). A file that is one JSON array is one part."""
-    with open(path, "rb") as handle:
+    with _open(path) as handle:
         if handle.read(4096).lstrip().startswith(b"["):
             yield Part(kind="json", path=path)
             return
@@ -45,7 +52,7 @@ def jsonl_parts(path: str, bytes_per_part: int) -> Iterator[Part]:
 
 def read_jsonl(part: Part) -> Iterator[Document]:
     name = Path(part.path).name
-    with open(part.path, "rb") as handle:
+    with _open(part.path) as handle:
         handle.seek(part.start)
         data = handle.read(part.stop - part.start)
     for row_number, line in enumerate(data.split(b"\n"), start=part.row):
@@ -72,8 +79,10 @@ def read_jsonl(part: Part) -> Iterator[Document]:
 
 def read_json_array(part: Part) -> Iterator[Document]:
     name = Path(part.path).name
+    with _open(part.path) as handle:
+        data = handle.read()
     try:
-        rows = json.loads(Path(part.path).read_bytes())
+        rows = json.loads(data)
     except ValueError as error:
         raise unreadable_error(part.path, "JSON", error) from error
     if not isinstance(rows, list):
