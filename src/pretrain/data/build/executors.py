@@ -302,9 +302,10 @@ def _start(processes: list) -> None:
             for process in processes:
                 process.start()
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             if main is not None:
                 sys.modules["__main__"] = main
+            # Last: a pending signal's handler runs now, and may raise (the caller stops the workers).
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _stop(processes: list, queues: list) -> None:
