@@ -495,7 +495,7 @@ def test_max_seq_len_and_batch_settings_reuse_the_cache(make_cfg):
             {"data.max_seq_len": 1024},
             {"train.batch_size": 3},
             {"seed": 7},
-            {"data.policy": "padded"},
+            {"data": "padded"},  # another policy (its group option) reads the same cache
         ):
             again = prepare(make_cfg(**settings_), progress=False)
             assert again.directory == first.directory
