@@ -110,6 +110,19 @@ def collate_packed(chunks: Sequence[Chunk] | Sequence[Sequence[Chunk]], capacity
     )
 
 
+def one_segment_per_pack(batch: PackedBatch) -> PackedBatch:
+    """The batch with each pack one attention segment (data.document_mask=false): its later
+    documents attend to the earlier ones, and positions run on across them as in one window of the
+    concat baseline. Inputs and targets are unchanged."""
+    packs = batch.pack_lengths.numpy()
+    return replace(
+        batch,
+        cu_seqlens=_cu_seqlens(packs),
+        position_ids=torch.from_numpy(run_positions(packs)),
+        max_seqlen=int(packs.max()) if len(packs) else 0,
+    )
+
+
 def gather_padded(
     tokens: np.ndarray,
     starts: np.ndarray,

@@ -3,16 +3,18 @@
 * `best_fit_decreasing`: offline Best-Fit-Decreasing ("Fewer Truncations Improve Language
   Modeling", Ding et al. 2024) in O(N log L) with a segment tree over remaining capacities.
 * `best_fit_buffered`: online best fit from a bounded candidate buffer over a given chunk order.
+* `first_fit_online`: online first fit with a bounded number of open bins over a given chunk order
+  (torchtitan's `FirstFitPackIterDataset`, llm-foundry's `BinPackCollator`).
 * `concat_windows`: the split's token stream cut into fixed windows (nanoGPT / Megatron style),
   described as pieces that each lie inside one document.
 
 A packing is returned as `(items, ptr)`: pack p holds items[ptr[p] : ptr[p + 1]] in that order.
 
-Both best-fit planners run as numba kernels (packing_kernels.py) when numba is importable: a
+The three planners run as numba kernels (packing_kernels.py) when numba is importable: a
 10B-token epoch (~13M chunks) plans in about a second, in flat arrays only. Without numba (or with
 `PRETRAIN_NO_NUMBA=1`) the pure-Python reference implementations run instead
-(`_best_fit_buffered_reference`, `_best_fit_decreasing_reference`): the same packs, exactly, item
-for item (tests/test_plan_equivalence.py), only slower.
+(`_best_fit_buffered_reference`, `_best_fit_decreasing_reference`, `_first_fit_online_reference`):
+the same packs, exactly, item for item (tests/test_plan_equivalence.py), only slower.
 """
 
 from __future__ import annotations
@@ -121,6 +123,40 @@ def best_fit_buffered(
     )
 
 
+def first_fit_online(
+    lengths: np.ndarray, capacity: int, open_bins: int, order: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Online first fit over the items in the given order (item i has length lengths[i]), with at
+    most `open_bins` bins open at once.
+
+    An item goes into the first open bin (oldest first) whose space left holds it; a bin left exactly
+    full is emitted at once (nothing fits it any more). When no open bin holds the item, it opens a new
+    bin; if `open_bins` are already open, the fullest one (least space left; ties: the oldest) is
+    emitted first. The fullest, because it is the bin least likely to take a later item: emitting it
+    wastes the fewest slots of all the open bins (llm-foundry's `BinPackCollator` emits its fullest
+    bins too; torchtitan's `FirstFitPackIterDataset` keeps 8 bins open). At the end the bins still open
+    are emitted oldest first. Packs come in the order they are emitted.
+    Without `order` the items come in index order and (positions, ptr) is returned, int64 both; with
+    `order` (a permutation of some item indices) (order[positions], ptr), in order's dtype.
+    numba kernel when available, else `_first_fit_online_reference`.
+    """
+    if open_bins < 1:
+        raise ValueError(f"data.open_bins must be >= 1, got {open_bins}")
+    kernels = numba_kernels()
+    if order is not None:
+        order = np.asarray(order)
+        _check_lengths(lengths, capacity, keep_dtype=True)
+        if kernels is None or len(order) > _KERNEL_MAX_ITEMS:
+            seq, ptr = _first_fit_online_reference(np.asarray(lengths)[order], capacity, open_bins)
+            return order[seq], ptr
+    else:
+        lengths = _check_lengths(lengths, capacity, keep_dtype=True)
+        if kernels is None or len(lengths) > _KERNEL_MAX_ITEMS:
+            return _first_fit_online_reference(lengths, capacity, open_bins)
+        order = np.arange(len(lengths), dtype=np.int64)
+    return kernels.first_fit_online_kernel(lengths, order, int(capacity), int(open_bins))
+
+
 # --- the pure-Python reference implementations (the fallback without numba) -----------------------
 
 
@@ -222,6 +258,39 @@ def _best_fit_buffered_reference(
     return seq, prefix_sums(sizes)
 
 
+def _first_fit_online_reference(
+    lengths: np.ndarray, capacity: int, open_bins: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Reference (pure Python) of `first_fit_online`: online first fit over the items in the given
+    order with at most `open_bins` bins open; the fullest open bin (ties: the oldest) is emitted when
+    an item fits none of them and no bin may open, a bin left exactly full at once, the rest at the end.
+    """
+    lengths = _check_lengths(lengths, capacity)
+    if open_bins < 1:
+        raise ValueError(f"data.open_bins must be >= 1, got {open_bins}")
+    bins: list[list[int]] = []  # the open bins, oldest first: item positions
+    spaces: list[int] = []
+    packs: list[list[int]] = []
+    for position, length in enumerate(lengths.tolist()):
+        target = next((b for b, space in enumerate(spaces) if length <= space), -1)
+        if target < 0:
+            if len(bins) == open_bins:
+                fullest = spaces.index(min(spaces))  # index() finds the oldest of equals
+                packs.append(bins.pop(fullest))
+                spaces.pop(fullest)
+            bins.append([])
+            spaces.append(capacity)
+            target = len(bins) - 1
+        bins[target].append(position)
+        spaces[target] -= length
+        if spaces[target] == 0:
+            packs.append(bins.pop(target))
+            spaces.pop(target)
+    packs.extend(bins)
+    items = np.fromiter((i for pack in packs for i in pack), dtype=np.int64, count=len(lengths))
+    return items, prefix_sums([len(pack) for pack in packs])
+
+
 @dataclass(frozen=True)
 class Windows:
     """Fixed windows over the split's token stream (documents in index order, EOS included).
@@ -242,12 +311,22 @@ class Windows:
         return len(self.ptr) - 1
 
 
-def concat_windows(offsets: np.ndarray, lengths: np.ndarray, capacity: int) -> Windows:
-    """Cut the stream of all documents (N tokens, N - 1 pairs) into ceil((N - 1) / capacity) windows."""
+def concat_windows(
+    offsets: np.ndarray, lengths: np.ndarray, capacity: int, max_inputs: int | None = None
+) -> Windows:
+    """Cut the stream of all documents (N tokens, N - 1 pairs) into ceil((N - 1) / capacity) windows.
+
+    With `max_inputs` (data.long_docs=truncate) a document of more than `max_inputs` pairs puts only
+    its first `max_inputs` inputs in the stream (their targets one token further, inside it): it ends
+    on no EOS, so its last piece is no `ends_document` and the rest of it is never served."""
     offsets = np.asarray(offsets, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
+    truncated = np.zeros(len(lengths), dtype=bool) if max_inputs is None else lengths - 1 > max_inputs
+    if truncated.any():
+        lengths = np.where(truncated, max_inputs, lengths)  # the inputs each document puts in the stream
     doc_start = prefix_sums(lengths)
-    inputs = max(int(doc_start[-1]) - 1, 0)  # the last EOS has no target
+    # The last EOS has no target; a truncated last document keeps every input's target.
+    inputs = max(int(doc_start[-1]) - (0 if len(lengths) and truncated[-1] else 1), 0)
     empty = np.zeros(0, dtype=np.int64)
     if inputs == 0:
         return Windows(empty, empty, empty, np.zeros(0, dtype=bool), np.zeros(1, dtype=np.int64))
@@ -261,6 +340,6 @@ def concat_windows(offsets: np.ndarray, lengths: np.ndarray, capacity: int) -> W
         start=offsets[doc] + (bounds - doc_start[doc]),
         length=piece_end - bounds,
         doc=doc,
-        ends_document=piece_end == doc_start[doc + 1],
+        ends_document=(piece_end == doc_start[doc + 1]) & ~truncated[doc],
         ptr=ptr,
     )

@@ -1,5 +1,6 @@
-"""numba kernels of the two best-fit planners (packing.py imports this module only when numba is
-importable; its pure-Python reference implementations give exactly the same packs).
+"""numba kernels of the packing planners: both best fits and online first fit (packing.py imports this
+module only when numba is importable; its pure-Python reference implementations give exactly the
+same packs).
 
 Compiled on first use and cached on disk (`cache=True`: beside this file when writable, else numba's
 per-user cache; `NUMBA_CACHE_DIR` moves it). Every array is numpy; no Python object per item.
@@ -191,6 +192,88 @@ def best_fit_buffered_kernel(lengths, order, capacity, buffer):
             if space == 0:
                 break
         sizes[packs] = count
+        packs += 1
+    ptr = np.zeros(packs + 1, dtype=np.int64)
+    for p in range(packs):
+        ptr[p + 1] = ptr[p] + sizes[p]
+    return out, ptr
+
+
+@njit(cache=True, nogil=True)
+def emit_bin(slot, opened, space, head, tail, count, after, order, out, taken, sizes, packs):
+    """Write open bin `slot`'s items (a linked list of positions from head[slot]) to `out` from
+    `taken`, record its size as pack `packs`, and close the gap it leaves in the slots (oldest
+    first, so slot order stays opening order). Returns the new `taken`."""
+    position = head[slot]
+    while position >= 0:
+        out[taken] = order[position]
+        taken += 1
+        position = after[position]
+    sizes[packs] = count[slot]
+    for k in range(slot, opened - 1):
+        space[k] = space[k + 1]
+        head[k] = head[k + 1]
+        tail[k] = tail[k + 1]
+        count[k] = count[k + 1]
+    return taken
+
+
+@njit(cache=True, nogil=True)
+def first_fit_online_kernel(lengths, order, capacity, open_bins):
+    """First fit over the items order[0], order[1], ... (item i has length lengths[i]) with at most
+    `open_bins` bins open (packing.first_fit_online says the rule); returns the items pack by pack
+    (order's dtype) and the int64 pack pointers.
+
+    The open bins sit in slots 0..opened-1, oldest first, each a linked list of positions (`after`):
+    a scan of the few slots finds the first that fits (O(open_bins) per item)."""
+    n = order.shape[0]
+    space = np.zeros(open_bins, dtype=np.int64)
+    head = np.full(open_bins, -1, dtype=np.int64)
+    tail = np.full(open_bins, -1, dtype=np.int64)
+    count = np.zeros(open_bins, dtype=np.int64)
+    after = np.full(n, -1, dtype=np.int32)  # the next position in the same bin
+    out = np.empty(n, dtype=order.dtype)
+    sizes = np.empty(n, dtype=np.int64)  # items per pack
+    block = np.empty(min(n, 1 << 14), dtype=lengths.dtype)  # lengths gathered ahead (see best fit)
+    block_end = 0
+    opened = 0
+    taken = 0
+    packs = 0
+    for position in range(n):
+        if position >= block_end:
+            block_end = gather_block(lengths, order, block, position)
+        length = block[position - block_end + block.shape[0]]
+        slot = -1
+        for k in range(opened):
+            if space[k] >= length:
+                slot = k
+                break
+        if slot >= 0:
+            after[tail[slot]] = position
+            count[slot] += 1
+        else:
+            if opened == open_bins:  # emit the fullest (the oldest of equals)
+                fullest = 0
+                for k in range(1, opened):
+                    if space[k] < space[fullest]:
+                        fullest = k
+                taken = emit_bin(fullest, opened, space, head, tail, count, after, order, out, taken, sizes, packs)
+                opened -= 1
+                packs += 1
+            slot = opened
+            opened += 1
+            space[slot] = capacity
+            head[slot] = position
+            count[slot] = 1
+        tail[slot] = position
+        space[slot] -= length
+        if space[slot] == 0:  # exactly full: nothing fits it any more
+            taken = emit_bin(slot, opened, space, head, tail, count, after, order, out, taken, sizes, packs)
+            opened -= 1
+            packs += 1
+    while opened > 0:  # the bins still open, oldest first
+        taken = emit_bin(0, opened, space, head, tail, count, after, order, out, taken, sizes, packs)
+        opened -= 1
         packs += 1
     ptr = np.zeros(packs + 1, dtype=np.int64)
     for p in range(packs):

@@ -1,4 +1,4 @@
-"""Data policies as plug-ins: one module per policy (padded, prepacked, bestfit), each a class built
+"""Data policies as plug-ins: one module per policy (padded, prepacked, bestfit, firstfit), each a class built
 from its own config dataclass (the `data` group's options), and one registry (`registry.py`).
 
 A policy says how an epoch's units are laid out, how a batch is gathered, what it costs and how
@@ -10,8 +10,9 @@ Nothing here imports torch at module level (a batch is built lazily), so the con
 registers these dataclasses stays cheap for `pretrain prepare`.
 """
 
-from .base import DataConfig, DataPolicy, PackingConfig, PackingPolicy, Policy, positive_int
+from .base import DataConfig, DataPolicy, LongDocs, PackingConfig, PackingPolicy, Policy, positive_int
 from .bestfit import BestfitConfig, BestfitPolicy, bestfit_layout
+from .firstfit import FirstfitConfig, FirstfitPolicy, firstfit_layout
 from .layout import EpochPlan, Layout, shuffled, split_chunks, split_fingerprint
 from .packs import Strategy, load_or_build_packs, packs_path
 from .padded import PaddedConfig, PaddedPolicy, PadTo
@@ -26,7 +27,10 @@ __all__ = [
     "DataConfig",
     "DataPolicy",
     "EpochPlan",
+    "FirstfitConfig",
+    "FirstfitPolicy",
     "Layout",
+    "LongDocs",
     "PackingConfig",
     "PackingPolicy",
     "PadTo",
@@ -39,6 +43,7 @@ __all__ = [
     "Strategy",
     "bestfit_layout",
     "build_policy",
+    "firstfit_layout",
     "load_or_build_packs",
     "packs_path",
     "policy_class",

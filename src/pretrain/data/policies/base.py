@@ -21,7 +21,7 @@ import numpy as np
 from ...errors import ConfigError
 from ..chunking import ChunkTable, check_max_seq_len
 from ..packing import best_fit_buffered
-from .layout import EpochPlan, Layout
+from .layout import EpochPlan, Layout, first_chunk_ids
 
 if TYPE_CHECKING:
     from ..batch import PackedBatch
@@ -38,6 +38,14 @@ class Policy(StrEnum):
     padded = "padded"
     prepacked = "prepacked"
     bestfit = "bestfit"
+    firstfit = "firstfit"
+
+
+class LongDocs(StrEnum):
+    """`data.long_docs`: what becomes of a document with more than max_seq_len prediction pairs."""
+
+    chunk = "chunk"  # independent chunks of at most max_seq_len inputs: every pair trained once
+    truncate = "truncate"  # its first chunk only (Ding et al. 2024's truncation); the rest is dropped
 
 
 def _is_set(value: object) -> bool:
@@ -56,9 +64,11 @@ class DataConfig:
     types the group with its own subclass, registered in Hydra's ConfigStore by `pretrain.config`."""
 
     policy: Policy = MISSING  # type: ignore[assignment]
-    """how batches are built from the cache: padded, prepacked or bestfit"""
+    """how batches are built from the cache: padded, prepacked, bestfit or firstfit"""
     max_seq_len: int = 512
     """context length = pack capacity = padded row width, 2..4096"""
+    long_docs: LongDocs = LongDocs.chunk
+    """documents longer than max_seq_len: chunk (every chunk trained) or truncate (first chunk only); padded: truncate"""
 
     # The policy whose options this class holds (None: the group's base, no policy chosen yet).
     for_policy: ClassVar[Policy | None] = None
@@ -80,6 +90,8 @@ class PackingConfig(DataConfig):
 
     packing_buffer: int = 64
     """chunks in the best-fit candidate buffer (bestfit's packs, validation packs of packing policies)"""
+    document_mask: bool = True
+    """packing policies: false makes each pack one attention segment (positions continue across documents)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -103,6 +115,23 @@ class DataPolicy:
         self.config = config
         self.max_seq_len = int(config.max_seq_len)
 
+    # --- the composition axes every policy has -----------------------------------------------------
+
+    @property
+    def truncates(self) -> bool:
+        """data.long_docs=truncate: each document trains its first chunk only."""
+        return LongDocs(self.config.long_docs) == LongDocs.truncate
+
+    def trained_chunks(self, table: ChunkTable) -> np.ndarray | None:
+        """Ids of the chunks an epoch trains: None for every chunk (chunk), else each document's first."""
+        return first_chunk_ids(table) if self.truncates else None
+
+    def _non_default(self, key: str, value: object) -> dict:
+        """{key: value} when the option differs from its default for this policy, else {}: a composition
+        option joins the resume key only when set, so states saved before it existed still resume."""
+        field = type(self.config).__dataclass_fields__[key.split(".")[-1]]
+        return {} if value == field.default else {key: value}
+
     # --- the epoch's layout and its batches --------------------------------------------------------
 
     def layout(
@@ -120,13 +149,17 @@ class DataPolicy:
 
     def resume_key(self) -> dict:
         """This policy's own knobs, by config key (`inspect-data` reports them; a resume checks them)."""
-        return {}
+        return self._non_default("data.long_docs", str(self.config.long_docs))
 
     # --- what an epoch costs (inspect-data) --------------------------------------------------------
 
     def segment_lengths(self, plan: EpochPlan) -> np.ndarray:
-        """Lengths of the sequences attention runs over (one per cu_seqlens segment)."""
+        """Lengths of the real sequences attention runs over (one per cu_seqlens segment, pads left out)."""
         return plan.layout.length
+
+    def attention_segments(self, plan: EpochPlan) -> np.ndarray:
+        """Lengths of the cu_seqlens segments attention computes, pads included (padded rows)."""
+        return self.segment_lengths(plan)
 
     def computed_rows(self, plan: EpochPlan) -> int:
         """Rows the model computes for the epoch: packed policies compute only real tokens."""
@@ -137,8 +170,11 @@ class DataPolicy:
         return len(plan.layout) * self.max_seq_len
 
     def truncated_pairs(self, split: TokenSplit, plan: EpochPlan) -> int:
-        """Prediction pairs of the split that no batch holds."""
-        return 0
+        """Prediction pairs of the split that no batch holds: the tails of truncated documents."""
+        if not self.truncates:
+            return 0
+        kept = np.minimum(np.asarray(split.lengths, dtype=np.int64) - 1, self.max_seq_len).sum()
+        return split.num_pairs - int(kept)
 
     def cross_document_visible_fraction(self, plan: EpochPlan) -> float:
         """Share of real tokens whose attention can see an earlier document."""
@@ -160,10 +196,49 @@ class DataPolicy:
 
 
 class PackingPolicy(DataPolicy):
-    """A policy that packs chunks: validation packs are best fit in index order from the policy's
-    candidate buffer (`data.packing_buffer`)."""
+    """A policy that packs chunks. With `data.document_mask=false` a pack is one attention segment
+    (its later documents see the earlier ones, positions run on across them); validation packs are best
+    fit in index order from the policy's candidate buffer (`data.packing_buffer`), every chunk its own
+    segment whatever the mask (so val/loss compares models)."""
 
     config: PackingConfig
+
+    def gather(self, split: TokenSplit, layout: Layout, items: np.ndarray, counts: np.ndarray) -> PackedBatch:
+        out = self.gather_segments(split, layout, items, counts)
+        if self.config.document_mask:
+            return out
+        from ..batch import one_segment_per_pack
+
+        return one_segment_per_pack(out)
+
+    def gather_segments(
+        self, split: TokenSplit, layout: Layout, items: np.ndarray, counts: np.ndarray
+    ) -> PackedBatch:
+        """The batch with every item its own segment (`gather` then applies the mask)."""
+        return super().gather(split, layout, items, counts)
+
+    def resume_key(self) -> dict:
+        return {**super().resume_key(), **self._non_default("data.document_mask", bool(self.config.document_mask))}
+
+    def segment_lengths(self, plan: EpochPlan) -> np.ndarray:
+        """Without the document mask a pack is one segment; with it, each item is."""
+        return plan.layout.length if self.config.document_mask else plan.layout.unit_tokens
+
+    def cross_document_visible_fraction(self, plan: EpochPlan) -> float:
+        """Share of real tokens that attend to another document: without the document mask, those of
+        a pack's items after its leading run of one document (with it, none)."""
+        layout = plan.layout
+        real = layout.real_tokens
+        if self.config.document_mask or not real:
+            return 0.0
+        doc, counts = layout.doc, np.diff(layout.ptr)
+        starts = layout.ptr[:-1][counts > 0]
+        run_start = np.ones(len(doc), dtype=bool)  # a new run of one document within a pack
+        run_start[1:] = doc[1:] != doc[:-1]
+        run_start[starts] = True
+        run = np.cumsum(run_start)
+        leading = run == np.repeat(run[starts], counts[counts > 0])
+        return float(layout.length[~leading].sum(dtype=np.int64) / real)
 
     def evaluation_units(self, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
         return best_fit_buffered(table.length, self.max_seq_len, self.config.packing_buffer)

@@ -1,5 +1,6 @@
 """`data=bestfit`: each training epoch, a seeded shuffle of the chunks packed online by best fit
-from a bounded candidate buffer (`data.packing_buffer`); the packs keep the order they close in."""
+from a bounded candidate buffer (`data.packing_buffer`); the packs keep the order they close in.
+With `data.long_docs=truncate` the shuffle holds each document's first chunk only."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 from ..chunking import ChunkTable
 from ..packing import best_fit_buffered
 from .base import PackingConfig, PackingPolicy, Policy
-from .layout import Layout, chunk_layout, shuffled
+from .layout import Layout, chunk_layout, epoch_chunk_order
 
 if TYPE_CHECKING:
     from ..tokens import TokenSplit
@@ -40,8 +41,7 @@ class BestfitPolicy(PackingPolicy):
     def layout(
         self, split: TokenSplit, table: ChunkTable, rng: np.random.Generator, packs_dir: Path | None
     ) -> Layout:
-        order = shuffled(rng, len(table))  # the chunk order of this epoch
-        return bestfit_layout(table, order, self.config.packing_buffer)
+        return bestfit_layout(table, epoch_chunk_order(self, table, rng), self.config.packing_buffer)
 
     def resume_key(self) -> dict:
-        return {"data.packing_buffer": int(self.config.packing_buffer)}
+        return {**super().resume_key(), "data.packing_buffer": int(self.config.packing_buffer)}

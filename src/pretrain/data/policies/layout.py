@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...arrays import run_positions
 from ..chunking import ChunkTable, chunk_table
 from ..tokens import TokenSplit
+
+if TYPE_CHECKING:
+    from .base import DataPolicy
 
 
 def split_chunks(split: TokenSplit, max_seq_len: int) -> ChunkTable:
@@ -135,6 +139,15 @@ def shuffled(rng: np.random.Generator, count: int) -> np.ndarray:
     order = np.arange(count, dtype=index_dtype(count))
     rng.shuffle(order)
     return order
+
+
+def epoch_chunk_order(policy: DataPolicy, table: ChunkTable, rng: np.random.Generator) -> np.ndarray:
+    """The chunk ids an online packer takes this epoch, in the epoch's seeded shuffle: every chunk,
+    or with data.long_docs=truncate each document's first chunk."""
+    trained = policy.trained_chunks(table)
+    if trained is None:
+        return shuffled(rng, len(table))
+    return trained.astype(index_dtype(len(table)))[shuffled(rng, len(trained))]
 
 
 def first_chunk_ids(table: ChunkTable) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The packs of the prepacked policy, fixed ahead of time and stored beside the cache.
 
-One file per (split, strategy, max_seq_len): `<packs_dir>/<split>-<strategy>-L<max_seq_len>.npz`, its
-header naming the split's fingerprint, so a file of another split under the same name is rebuilt.
+One file per (split, strategy, max_seq_len, long_docs): `<packs_dir>/<split>-<strategy>-L<max_seq_len>.npz`
+(`...-truncate.npz` for data.long_docs=truncate), its header naming the split's fingerprint, so a file
+of another split under the same name is rebuilt.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ...fileio import atomic_write
 from ..chunking import ChunkTable
 from ..packing import best_fit_decreasing, concat_windows
 from ..tokens import TokenSplit
-from .layout import Layout, chunk_layout, split_fingerprint
+from .layout import Layout, chunk_layout, first_chunk_ids, split_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +35,10 @@ class Strategy(StrEnum):
     bfd = "bfd"  # offline best-fit-decreasing of the chunks
 
 
-def packs_path(packs_dir: Path, split_name: str, strategy: str, max_seq_len: int) -> Path:
-    return Path(packs_dir) / f"{split_name}-{strategy}-L{max_seq_len}.npz"
+def packs_path(
+    packs_dir: Path, split_name: str, strategy: str, max_seq_len: int, truncate: bool = False
+) -> Path:
+    return Path(packs_dir) / f"{split_name}-{strategy}-L{max_seq_len}{'-truncate' if truncate else ''}.npz"
 
 
 def _read_packs(path: Path, header: dict) -> dict | None:
@@ -48,11 +51,15 @@ def _read_packs(path: Path, header: dict) -> dict | None:
         return None
 
 
-def _build_packs(split: TokenSplit, table: ChunkTable, strategy: str) -> dict[str, np.ndarray]:
+def _build_packs(split: TokenSplit, table: ChunkTable, strategy: str, truncate: bool) -> dict[str, np.ndarray]:
     if strategy == Strategy.bfd:
-        items, ptr = best_fit_decreasing(table.length, table.max_seq_len)
-        return {"items": items, "ptr": ptr}
-    w = concat_windows(split.offsets, split.lengths, table.max_seq_len)
+        if not truncate:
+            items, ptr = best_fit_decreasing(table.length, table.max_seq_len)
+            return {"items": items, "ptr": ptr}
+        first = first_chunk_ids(table)  # each document's first chunk, packed alone
+        items, ptr = best_fit_decreasing(table.length[first], table.max_seq_len)
+        return {"items": first[items], "ptr": ptr}
+    w = concat_windows(split.offsets, split.lengths, table.max_seq_len, table.max_seq_len if truncate else None)
     return {
         "start": w.start,
         "length": w.length,
@@ -63,7 +70,7 @@ def _build_packs(split: TokenSplit, table: ChunkTable, strategy: str) -> dict[st
 
 
 def load_or_build_packs(
-    split: TokenSplit, table: ChunkTable, strategy: str, packs_dir: Path | None = None
+    split: TokenSplit, table: ChunkTable, strategy: str, packs_dir: Path | None = None, truncate: bool = False
 ) -> Layout:
     """The prepacked layout of a split: read from `packs_dir` when a file with the same header
     (format, strategy, max_seq_len, split name and fingerprint) is there, else built once and written
@@ -79,8 +86,9 @@ def load_or_build_packs(
         "max_seq_len": max_seq_len,
         "split": split.name,
         "split_fingerprint": split_fingerprint(split),
+        **({"long_docs": "truncate"} if truncate else {}),  # chunk: the header files had before
     }
-    path = packs_path(packs_dir, split.name, strategy, max_seq_len) if packs_dir is not None else None
+    path = packs_path(packs_dir, split.name, strategy, max_seq_len, truncate) if packs_dir is not None else None
     stored = _read_packs(path, header) if path is not None and path.exists() else None
     if stored is None and path is not None:
         lock = FileLock(str(path.with_name(f"{path.name}.lock")))
@@ -95,7 +103,7 @@ def load_or_build_packs(
                 if stored is None:
                     if path.exists():
                         log.warning("rebuilding stale or unreadable packs %s", path)
-                    stored = _build_packs(split, table, strategy)
+                    stored = _build_packs(split, table, strategy, truncate)
                     arrays: dict[str, Any] = {
                         "header": np.array(json.dumps(header, sort_keys=True)),
                         **stored,
@@ -105,7 +113,7 @@ def load_or_build_packs(
             finally:
                 lock.release()
     if stored is None:
-        stored = _build_packs(split, table, strategy)
+        stored = _build_packs(split, table, strategy, truncate)
     if strategy == Strategy.bfd:
         return chunk_layout(table, stored["items"], stored["ptr"])
     pieces = ChunkTable(

@@ -1,6 +1,8 @@
 """`data=padded`: the MiniMind baseline. One document per row (its first chunk, max_seq_len inputs at
-most: the rest is truncated), rows padded with targets -100 to max_seq_len (`data.pad_to=max`) or to
-the batch's longest row (`longest`). Pad rows are really computed, so they count in its cost."""
+most: the rest is truncated, `data.long_docs=truncate`, the default here), rows padded with targets
+-100 to max_seq_len (`data.pad_to=max`) or to the batch's longest row (`longest`). With
+`data.long_docs=chunk` every chunk of a document is its own padded row (nothing is truncated). Pad
+rows are really computed, so they count in its cost."""
 
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..chunking import ChunkTable
-from .base import DataConfig, DataPolicy, Policy
-from .layout import EpochPlan, Layout, chunk_layout, first_chunk_ids
+from .base import DataConfig, DataPolicy, LongDocs, Policy
+from .layout import EpochPlan, Layout, chunk_layout
 
 if TYPE_CHECKING:
     from ..batch import PackedBatch
@@ -31,6 +33,7 @@ class PadTo(StrEnum):
 class PaddedConfig(DataConfig):
     pad_to: PadTo = PadTo.max
     """padded: pad rows to max_seq_len (max) or to the batch's longest row (longest)"""
+    long_docs: LongDocs = LongDocs.truncate  # the MiniMind baseline keeps each document's first chunk
 
     for_policy = Policy.padded
 
@@ -44,8 +47,9 @@ class PaddedPolicy(DataPolicy):
     def layout(
         self, split: TokenSplit, table: ChunkTable, rng: np.random.Generator, packs_dir: Path | None
     ) -> Layout:
-        """One row per document: its first chunk."""
-        items = first_chunk_ids(table)
+        """One row per chunk trained: each document's first (truncate), or every chunk (chunk)."""
+        first = self.trained_chunks(table)
+        items = np.arange(len(table), dtype=np.int64) if first is None else first
         return chunk_layout(table, items, np.arange(len(items) + 1, dtype=np.int64))
 
     def _width(self, lengths: np.ndarray) -> int:
@@ -58,24 +62,25 @@ class PaddedPolicy(DataPolicy):
         return gather_padded(split.tokens, layout.starts(items), lengths, self._width(lengths))
 
     def resume_key(self) -> dict:
-        return {"data.pad_to": str(self.config.pad_to)}
+        return {**super().resume_key(), "data.pad_to": str(self.config.pad_to)}
+
+    def attention_segments(self, plan: EpochPlan) -> np.ndarray:
+        """Each row's padded width, in epoch order: max_seq_len, or its batch's longest row."""
+        rows = len(plan.layout)
+        if self.config.pad_to == PadTo.max:
+            return np.full(rows, self.max_seq_len, dtype=np.int64)
+        if not rows:
+            return np.zeros(0, dtype=np.int64)
+        ordered = plan.layout.unit_tokens[plan.ordered()]
+        heads = np.arange(0, rows, plan.batch_size)
+        return np.repeat(np.maximum.reduceat(ordered, heads), np.diff(np.append(heads, rows)))
 
     def computed_rows(self, plan: EpochPlan) -> int:
         """Every row is computed at its padded width: max_seq_len, or its batch's longest row."""
-        rows = len(plan.layout)
-        if self.config.pad_to == PadTo.max:
-            return rows * self.max_seq_len
-        ordered = plan.layout.unit_tokens[plan.ordered()]
-        heads = np.arange(0, rows, plan.batch_size)
-        return (
-            int((np.maximum.reduceat(ordered, heads) * np.diff(np.append(heads, rows))).sum()) if rows else 0
-        )
+        return int(self.attention_segments(plan).sum())
 
     def slots(self, plan: EpochPlan) -> int:
         return self.computed_rows(plan)  # a padded row holds its padded width
-
-    def truncated_pairs(self, split: TokenSplit, plan: EpochPlan) -> int:
-        return split.num_pairs - plan.real_tokens
 
     def evaluation_units(self, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
         """Each chunk its own row (nothing is truncated in evaluation)."""

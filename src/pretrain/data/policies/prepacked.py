@@ -5,6 +5,8 @@ max_seq_len (nanoGPT / Megatron); `bfd` packs the chunks offline by best-fit-dec
 concat windows cross documents: with `data.document_mask=true` (the default) every piece of a window
 is its own segment and the pair EOS -> next document's first token is no target; with false a window
 is one segment (MiniMind): later documents attend to earlier ones and that pair is trained.
+With `data.long_docs=truncate` the stream (concat) or the chunks (bfd) hold each document's first
+max_seq_len inputs only.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...arrays import prefix_sums, run_positions
 from ..chunking import ChunkTable
 from .base import PackingConfig, PackingPolicy, Policy
-from .layout import EpochPlan, Layout
+from .layout import Layout
 from .packs import Strategy, load_or_build_packs
 
 if TYPE_CHECKING:
@@ -32,8 +33,6 @@ __all__ = ["PrepackedConfig", "PrepackedPolicy", "Strategy"]
 class PrepackedConfig(PackingConfig):
     strategy: Strategy = Strategy.concat
     """prepacked: concat (fixed windows over the token stream) or bfd (offline best-fit-decreasing)"""
-    document_mask: bool = True
-    """prepacked concat: false lets a window's later documents attend to earlier ones (MiniMind)"""
 
     for_policy = Policy.prepacked
 
@@ -46,18 +45,18 @@ class PrepackedPolicy(PackingPolicy):
     def layout(
         self, split: TokenSplit, table: ChunkTable, rng: np.random.Generator, packs_dir: Path | None
     ) -> Layout:
-        return load_or_build_packs(split, table, self.config.strategy, packs_dir)
+        return load_or_build_packs(split, table, self.config.strategy, packs_dir, truncate=self.truncates)
 
-    @property
-    def _windows_unmasked(self) -> bool:
-        return self.config.strategy == Strategy.concat and not self.config.document_mask
-
-    def gather(self, split: TokenSplit, layout: Layout, items: np.ndarray, counts: np.ndarray) -> PackedBatch:
+    def gather_segments(
+        self, split: TokenSplit, layout: Layout, items: np.ndarray, counts: np.ndarray
+    ) -> PackedBatch:
+        """concat: a piece ending on its document's EOS has the next document's first token as its
+        last target; it is trained only without the document mask (MiniMind's windows)."""
         import torch
 
         from ..batch import IGNORE_INDEX
 
-        out = super().gather(split, layout, items, counts)
+        out = super().gather_segments(split, layout, items, counts)
         if self.config.strategy != Strategy.concat:
             return out
         lengths = layout.lengths(items)
@@ -71,32 +70,10 @@ class PrepackedPolicy(PackingPolicy):
             else:
                 first = split.offsets[layout.docs(items[ends]) + 1]
                 out.targets[rows] = torch.from_numpy(np.asarray(split.tokens[first], dtype=np.int64))
-        if not self.config.document_mask:  # one segment per window: later documents see earlier ones
-            windows = out.pack_lengths.numpy()
-            out = replace(
-                out,
-                cu_seqlens=torch.from_numpy(prefix_sums(windows).astype(np.int32)),
-                position_ids=torch.from_numpy(run_positions(windows)),
-                max_seqlen=int(windows.max()) if len(windows) else 0,
-            )
         return out
 
     def resume_key(self) -> dict:
-        key: dict[str, str | bool] = {"data.strategy": str(self.config.strategy)}
-        if self.config.strategy == Strategy.concat:
+        key: dict[str, str | bool] = {**super().resume_key(), "data.strategy": str(self.config.strategy)}
+        if self.config.strategy == Strategy.concat:  # always named for concat (as before the other policies had it)
             key["data.document_mask"] = bool(self.config.document_mask)
         return key
-
-    def segment_lengths(self, plan: EpochPlan) -> np.ndarray:
-        """concat windows without the document mask are one segment each; otherwise their pieces."""
-        return plan.layout.unit_tokens if self._windows_unmasked else plan.layout.length
-
-    def cross_document_visible_fraction(self, plan: EpochPlan) -> float:
-        """Without the document mask, every token of a window after its first piece sees another document."""
-        layout = plan.layout
-        unit_tokens = layout.unit_tokens
-        real = int(unit_tokens.sum())
-        if not self._windows_unmasked or not real:
-            return 0.0
-        first_piece = layout.lengths(layout.ptr[:-1][np.diff(layout.ptr) > 0])
-        return float((unit_tokens[unit_tokens > 0] - first_piece).sum() / real)

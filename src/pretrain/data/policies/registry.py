@@ -6,6 +6,7 @@ from __future__ import annotations
 from ...errors import ConfigError
 from .base import DataConfig, DataPolicy, Policy
 from .bestfit import BestfitPolicy
+from .firstfit import FirstfitPolicy
 from .padded import PaddedPolicy
 from .prepacked import PrepackedPolicy
 
@@ -13,6 +14,7 @@ REGISTRY: dict[Policy, type[DataPolicy]] = {
     Policy.padded: PaddedPolicy,
     Policy.prepacked: PrepackedPolicy,
     Policy.bestfit: BestfitPolicy,
+    Policy.firstfit: FirstfitPolicy,
 }
 
 
