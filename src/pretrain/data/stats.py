@@ -13,12 +13,24 @@ import numpy as np
 from rich.table import Table
 
 from ..arrays import run_positions
+from .audit import audit_plan
 from .evaluation import evaluation_batch_count, evaluation_chunks, validation_pairs
 from .policies import PolicySettings
 from .samplers import Sampler, build_sampler
 from .tokens import TokenSplit
 
 LEAK_WINDOW = 64
+# Fractions the table shows in percent.
+PERCENT_KEYS = frozenset(
+    {
+        "pack_utilization",
+        "padding_waste",
+        "cross_document_visible_fraction",
+        "truncated_documents",
+        "dropped_pairs",
+        "fragmented_documents",
+    }
+)
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
 _BLOCK_TOKENS = 1 << 20
 
@@ -113,7 +125,10 @@ def inspect_split(
     * `packs`: padded rows or packs; `pack_utilization`: real tokens / `slots` (packs x max_seq_len;
       a padded row counts its padded width, so it is 1 - padding_waste there);
     * `padding_waste`: 1 - real tokens / `computed_rows`;
-    * `truncated_pairs`: pairs no batch ever holds (e.g. the document tails a policy truncates);
+    * `truncated_pairs`: pairs no batch ever holds (the document tails `data.long_docs=truncate` drops);
+    * `cross_document_visible_fraction`: share of real tokens that attend to another document;
+    * the composition audit (data/audit.py): `truncated_documents`, `dropped_pairs`,
+      `fragmented_documents`, `units_vs_concat`, `attention_cost` and `attention_cost_padded`;
     * `tokens_per_step`: real tokens per microbatch (mean over the epoch) x train.accumulation;
       `steps_per_epoch`: microbatches per epoch // train.accumulation;
     * `verbatim_leaks`: validation documents sharing a 64-token window with a train document.
@@ -132,7 +147,8 @@ def inspect_split(
     global_batches = plan.global_batches
     accumulation = settings.accumulation
     scored = evaluation_chunks(validation, settings.max_seq_len, validation_pairs(settings))
-    own = {key.split(".")[-1]: value for key, value in sampler.policy_settings().items()}
+    own = {"long_docs": str(settings.data.long_docs)}  # named always, also where it is the default
+    own.update({key.split(".")[-1]: value for key, value in sampler.policy_settings().items()})
     return {
         "policy": str(settings.policy),
         "max_seq_len": settings.max_seq_len,
@@ -146,6 +162,7 @@ def inspect_split(
         "padding_waste": 1.0 - real / computed if computed else 0.0,
         "truncated_pairs": policy.truncated_pairs(train, plan),
         "cross_document_visible_fraction": policy.cross_document_visible_fraction(plan),
+        **audit_plan(policy, train, plan),
         "tokens_per_step": real / global_batches * accumulation if global_batches else 0.0,
         "steps_per_epoch": global_batches // accumulation,
         **(_audits(train, validation) if audits else {}),
@@ -179,8 +196,10 @@ def _fmt(key: str, value) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
     if isinstance(value, float):
-        if key in ("pack_utilization", "padding_waste", "cross_document_visible_fraction"):
+        if key in PERCENT_KEYS:
             return f"{100 * value:.2f} %"
+        if key == "units_vs_concat":  # Ding et al.'s compactness: differences of 0.01 % matter
+            return f"{value:.5f}"
         return f"{value:,.1f}" if math.isfinite(value) else str(value)
     if isinstance(value, int):
         return f"{value:,}"

@@ -1,0 +1,115 @@
+"""The composition audit: what a data policy does to the corpus, from the split's index and the
+policy's epoch layout alone (no token is read). `pretrain inspect-data` reports it; a training run
+can log the same dict (`composition_audit`) and, per batch, `batch_attention_cost`.
+
+* `truncated_documents`: fraction of documents that lose prediction pairs (data.long_docs=truncate);
+* `dropped_pairs`: fraction of the split's prediction pairs no epoch ever trains (Ding et al. 2024,
+  "Fewer Truncations Improve Language Modeling": their truncation metric);
+* `fragmented_documents`: fraction of documents whose pairs land in more than one unit (their
+  chunks in different rows or packs, or a document cut by concat windows);
+* `units_vs_concat`: units (rows or packs) per epoch / the concat windows of the whole token stream at
+  the same max_seq_len (Ding et al.'s Table 2 compactness: 1.0 is concat's count);
+* `attention_cost`: sum over the attention segments the model computes (cu_seqlens: a chunk, a
+  pack without the document mask, a padded row at its padded width) of length squared, per real
+  token: what attention FLOPs scale with; `attention_cost_padded`: the same units computed as dense
+  rows of max_seq_len (units x max_seq_len^2 / real tokens), the padded equivalent beside it.
+
+All of them are of one epoch's layout (epoch 0; a policy that packs anew each epoch differs slightly
+per epoch), before the tail that `Sampler.epoch_accounting` drops to keep ranks equal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .policies import DataPolicy, EpochPlan, PolicySettings
+
+if TYPE_CHECKING:
+    from .batch import PackedBatch
+    from .samplers import Sampler
+    from .tokens import TokenSplit
+
+AUDIT_KEYS = (
+    "truncated_documents",
+    "dropped_pairs",
+    "fragmented_documents",
+    "units_vs_concat",
+    "attention_cost",
+    "attention_cost_padded",
+)
+
+
+def attention_cost(segment_lengths: np.ndarray, real_tokens: int) -> float:
+    """Sum of squared attention-segment lengths per real token (0.0 without real tokens)."""
+    lengths = np.asarray(segment_lengths, dtype=np.int64)
+    return float(np.square(lengths).sum(dtype=np.int64) / real_tokens) if real_tokens else 0.0
+
+
+def batch_attention_cost(batch: PackedBatch) -> float:
+    """`attention_cost` of one batch, from its cu_seqlens (pads of a padded row included, as computed)
+    over its real tokens: the per-step `train/attention_cost`."""
+    return attention_cost(np.diff(batch.cu_seqlens.numpy().astype(np.int64)), batch.real_tokens)
+
+
+def concat_window_count(split: TokenSplit, max_seq_len: int) -> int:
+    """Windows of max_seq_len the split's whole token stream makes (its N - 1 inputs, N tokens)."""
+    return -(-max(split.num_tokens - 1, 0) // max_seq_len)
+
+
+def fragmented_documents(plan: EpochPlan, documents: int) -> float:
+    """Fraction of documents whose prediction pairs lie in more than one unit. An item holds pairs of
+    its document unless it is only a concat piece's EOS input (whose target is the next document's)."""
+    layout = plan.layout
+    if not documents or not len(layout):
+        return 0.0
+    counts = np.diff(layout.ptr)
+    unit = np.repeat(np.arange(len(layout), dtype=np.int64), counts)
+    pairs = layout.length.astype(np.int64)
+    if layout.ends_document is not None:
+        pairs = pairs - layout.ends_document
+    holds = pairs > 0
+    keys = np.unique(layout.doc[holds].astype(np.int64) * len(layout) + unit[holds])
+    units_per_document = np.bincount(keys // len(layout), minlength=documents)
+    return float(np.count_nonzero(units_per_document > 1) / documents)
+
+
+def audit_plan(policy: DataPolicy, split: TokenSplit, plan: EpochPlan) -> dict:
+    """The composition audit (module doc) of `policy`'s epoch `plan` over `split`."""
+    documents = len(split)
+    pairs = np.asarray(split.lengths, dtype=np.int64) - 1
+    long = int(np.count_nonzero(pairs > policy.max_seq_len))
+    real = plan.real_tokens
+    windows = concat_window_count(split, policy.max_seq_len)
+    return {
+        "truncated_documents": long / documents if documents and policy.truncates else 0.0,
+        "dropped_pairs": policy.truncated_pairs(split, plan) / split.num_pairs if split.num_pairs else 0.0,
+        "fragmented_documents": fragmented_documents(plan, documents),
+        "units_vs_concat": len(plan.layout) / windows if windows else 0.0,
+        "attention_cost": attention_cost(policy.attention_segments(plan), real),
+        "attention_cost_padded": len(plan.layout) * policy.max_seq_len**2 / real if real else 0.0,
+    }
+
+
+def composition_audit(
+    settings: PolicySettings,
+    split: TokenSplit,
+    *,
+    packs_dir: Path | None = None,
+    sampler: Sampler | None = None,
+) -> dict:
+    """The composition audit of `split` (a train split) under the policy of `settings`: a dict with
+    `AUDIT_KEYS` plus `cross_document_visible_fraction` (share of real tokens that attend to another
+    document), all plain floats (JSON, W&B config). `sampler`: a train sampler of the same settings
+    and split whose epoch-0 plan is reused (a running job has one); else one is built (rank 0)."""
+    if sampler is None:
+        from .samplers import build_sampler
+
+        sampler = build_sampler(settings, split, packs_dir=packs_dir)
+    plan = sampler.plan(0)
+    return {
+        **audit_plan(sampler.policy, split, plan),
+        "cross_document_visible_fraction": sampler.policy.cross_document_visible_fraction(plan),
+    }
