@@ -4,6 +4,7 @@ module outside data/policies/ names a policy."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from dataclasses import fields
@@ -14,6 +15,7 @@ from conftest import REPO
 
 from pretrain.config import load_config, to_config
 from pretrain.data.policies import REGISTRY, DataConfig, DataPolicy, Policy, policy_class
+from pretrain import errors
 from pretrain.errors import ConfigError
 
 PACKAGE = REPO / "src" / "pretrain"
@@ -33,19 +35,46 @@ def test_every_policy_is_registered_with_its_config_and_option():
 
 def test_each_config_holds_only_its_policys_options():
     options = {
-        name: {f.name for f in fields(cls.config_class)} - {"policy", "max_seq_len"}
+        name: {f.name for f in fields(cls.config_class)} - {"policy", "max_seq_len", "long_docs"}
         for name, cls in REGISTRY.items()
     }
     assert options == {
         Policy.padded: {"pad_to"},
         Policy.prepacked: {"strategy", "document_mask", "packing_buffer"},
-        Policy.bestfit: {"packing_buffer"},
+        Policy.bestfit: {"document_mask", "packing_buffer"},
+        Policy.firstfit: {"document_mask", "packing_buffer", "open_bins"},
     }
+
+
+def test_every_policy_has_the_composition_axes_with_todays_defaults():
+    """data.long_docs for every policy (padded truncates, the others chunk); data.document_mask for
+    every packing policy (on)."""
+    for name, cls in REGISTRY.items():
+        config = to_config(load_config([f"data={name}"])).data
+        assert config.long_docs == ("truncate" if name == Policy.padded else "chunk")
+        assert getattr(config, "document_mask", None) is (None if name == Policy.padded else True)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data=firstfit", "data.open_bins=0"], r"data\.open_bins must be a positive integer, got 0"),
+        (["data=firstfit", "data.open_bins=-2"], r"data\.open_bins must be a positive integer, got -2"),
+        (["data=padded", "data.document_mask=false"], r"Could not override 'data\.document_mask'"),
+        (["data=bestfit", "data.open_bins=4"], r"Could not override 'data\.open_bins'"),
+        (["data=bestfit", "data.long_docs=foo"], r"Invalid value 'foo', expected one of \[chunk, truncate\]"),
+    ],
+)
+def test_a_composition_option_it_cannot_take_is_refused(overrides, message):
+    """What the CLI prints after `error:` (errors.describe) names the key and the fix."""
+    with pytest.raises(Exception) as raised:
+        to_config(load_config(overrides))
+    assert re.search(message, errors.describe(raised.value))
 
 
 def test_an_unknown_policy_is_refused_listing_the_choices():
     with pytest.raises(
-        ConfigError, match=r"^unknown data\.policy 'greedy'; choose one of padded, prepacked, bestfit$"
+        ConfigError, match=r"^unknown data\.policy 'greedy'; choose one of padded, prepacked, bestfit, firstfit$"
     ):
         policy_class("greedy")
 

@@ -315,7 +315,7 @@ class TrainConfig:
             ]
             raise ConfigError(
                 "train.packing_buffer moved to the data group: set "
-                f"data.packing_buffer={self.packing_buffer} instead (an option of {' and '.join(owners)})"
+                f"data.packing_buffer={self.packing_buffer} instead (an option of {', '.join(owners)})"
             )
         batch_size, microbatch_tokens = self.batch_size, self.microbatch_tokens
         if _is_set(batch_size) and _is_set(microbatch_tokens):
@@ -417,6 +417,8 @@ def upgrade_run_config(saved: dict) -> dict:
     schema = _data_schema(root)
     if "data" in root and schema is not DataConfig:
         own = {f.name for f in fields(schema)}
+        if set(root.data) - own:  # every policy's options in one group: saved before the split, when
+            own -= set(schema.gained_since_split)  # these keys were another policy's, not this one's
         root.data = {k: v for k, v in root.data.items() if k in own}
     upgraded = OmegaConf.to_container(root)
     assert isinstance(upgraded, dict)

@@ -72,6 +72,9 @@ class DataConfig:
 
     # The policy whose options this class holds (None: the group's base, no policy chosen yet).
     for_policy: ClassVar[Policy | None] = None
+    # Options this policy gained after the data group split that another policy held before it: a run
+    # config saved before the split (every policy's options in one group) drops them on upgrade.
+    gained_since_split: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         if _is_set(self.max_seq_len):
@@ -92,6 +95,8 @@ class PackingConfig(DataConfig):
     """chunks in the best-fit candidate buffer (bestfit's packs, validation packs of packing policies)"""
     document_mask: bool = True
     """packing policies: false makes each pack one attention segment (positions continue across documents)"""
+
+    gained_since_split = ("document_mask",)  # prepacked concat's only, before
 
     def __post_init__(self) -> None:
         super().__post_init__()

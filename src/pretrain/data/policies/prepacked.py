@@ -35,6 +35,7 @@ class PrepackedConfig(PackingConfig):
     """prepacked: concat (fixed windows over the token stream) or bfd (offline best-fit-decreasing)"""
 
     for_policy = Policy.prepacked
+    gained_since_split = ()  # data.document_mask was its own
 
 
 class PrepackedPolicy(PackingPolicy):
