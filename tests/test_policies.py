@@ -194,6 +194,16 @@ POLICY_CASES = {
     "concat-open": ("prepacked", "data.strategy=concat", "data.document_mask=false"),
     "bfd": ("prepacked", "data.strategy=bfd"),
     "bestfit": ("bestfit", "data.packing_buffer=8"),
+    "firstfit": ("firstfit", "data.open_bins=3"),
+    # The composition axes: data.long_docs for every policy, data.document_mask for every packing one.
+    "padded-chunk": ("padded", "data.long_docs=chunk"),
+    "concat-truncate": ("prepacked", "data.strategy=concat", "data.long_docs=truncate"),
+    "bfd-truncate": ("prepacked", "data.strategy=bfd", "data.long_docs=truncate"),
+    "bestfit-truncate": ("bestfit", "data.packing_buffer=8", "data.long_docs=truncate"),
+    "firstfit-truncate": ("firstfit", "data.open_bins=3", "data.long_docs=truncate"),
+    "bfd-open": ("prepacked", "data.strategy=bfd", "data.document_mask=false"),
+    "bestfit-open": ("bestfit", "data.packing_buffer=8", "data.document_mask=false"),
+    "firstfit-open": ("firstfit", "data.open_bins=3", "data.document_mask=false"),
 }
 
 
@@ -202,33 +212,56 @@ def random_split(seed: int, documents: int = 60, high: int = 90) -> TokenSplit:
     return TokenSplit.from_lengths(rng.integers(2, high, size=documents), seed=seed)
 
 
-def piece_bounds(split: TokenSplit, capacity: int) -> np.ndarray:
+def stream_runs(split: TokenSplit, capacity: int, truncate: bool) -> list[np.ndarray]:
+    """File offsets of each document's inputs in the concat stream: all its tokens, or with truncate
+    its first `capacity` inputs when it has more pairs (the last document's EOS is no input)."""
+    runs = []
+    for d, (offset, n) in enumerate(zip(split.offsets.tolist(), split.lengths.tolist(), strict=True)):
+        kept = capacity if truncate and n - 1 > capacity else n - (d == len(split) - 1)
+        runs.append(np.arange(offset, offset + kept))
+    return runs
+
+
+def stream_positions(split: TokenSplit, capacity: int, truncate: bool) -> np.ndarray:
+    return np.concatenate(stream_runs(split, capacity, truncate))
+
+
+def piece_bounds(split: TokenSplit, capacity: int, truncate: bool = False) -> np.ndarray:
     """Stream positions where concat pieces start: window starts and document starts."""
-    inputs = split.num_tokens - 1
-    bounds = set(range(0, inputs, capacity)) | set(np.cumsum(split.lengths)[:-1].tolist())
+    runs = stream_runs(split, capacity, truncate)
+    inputs = sum(map(len, runs))
+    bounds = set(range(0, inputs, capacity)) | set(np.cumsum([len(r) for r in runs])[:-1].tolist())
     return np.array(sorted(b for b in bounds if b < inputs) + [inputs])
+
+
+def first_chunks(split: TokenSplit, capacity: int) -> np.ndarray:
+    chunks_per_doc = -(-(split.lengths - 1) // capacity)
+    return np.concatenate([[0], np.cumsum(chunks_per_doc)[:-1]])
 
 
 def universe(case: str, split: TokenSplit, capacity: int) -> np.ndarray:
     """Every item a policy must serve once per epoch, computed without the code under test."""
     pairs = split.lengths - 1
     chunks_per_doc = -(-pairs // capacity)
-    if case.startswith("padded"):  # each document's first chunk
-        return np.concatenate([[0], np.cumsum(chunks_per_doc)[:-1]])
     if case.startswith("concat"):  # pieces of windows x documents
-        return np.arange(len(piece_bounds(split, capacity)) - 1)
+        return np.arange(len(piece_bounds(split, capacity, case.endswith("truncate"))) - 1)
+    if case in ("padded-max", "padded-longest") or case.endswith("truncate"):  # first chunks
+        return first_chunks(split, capacity)
     return np.arange(int(chunks_per_doc.sum()))
 
 
 def expected_runs(batch, split: TokenSplit, capacity: int, case: str) -> list[tuple[int, int]]:
-    """(stream start, inputs) of each segment, from the batch's item ids."""
+    """(file offset, inputs) of each item of the batch, from its item ids (concat-open: each window)."""
     if case == "concat-open":  # one segment per window
         inputs = split.num_tokens - 1
         return [(w * capacity, min(capacity, inputs - w * capacity)) for w in np.asarray(batch.meta["packs"])]
-    if case == "concat-masked":
-        bounds = piece_bounds(split, capacity)
-        return [(int(bounds[i]), int(bounds[i + 1] - bounds[i])) for i in np.asarray(batch.meta["chunks"])]
-    table = chunk_table(split.offsets, split.lengths, capacity)  # from_lengths: file offset = stream position
+    if case.startswith("concat"):
+        truncate = case.endswith("truncate")
+        bounds, position = piece_bounds(split, capacity, truncate), stream_positions(split, capacity, truncate)
+        return [
+            (int(position[bounds[i]]), int(bounds[i + 1] - bounds[i])) for i in np.asarray(batch.meta["chunks"])
+        ]
+    table = chunk_table(split.offsets, split.lengths, capacity)
     return [(int(table.start[i]), int(table.length[i])) for i in np.asarray(batch.meta["chunks"])]
 
 
@@ -251,7 +284,7 @@ def check_batch(batch, split: TokenSplit, capacity: int, case: str) -> None:
         assert batch.capacity == capacity
     runs = expected_runs(batch, split, capacity, case)
     if case.startswith("padded"):
-        width = capacity if case == "padded-max" else packs.max()
+        width = packs.max() if case == "padded-longest" else capacity
         assert batch.capacity == width  # a padded row holds its width
         assert batch.padded and T == len(packs) * width and (seg == width).all()
         assert packs.tolist() == [n for _, n in runs]
@@ -263,13 +296,17 @@ def check_batch(batch, split: TokenSplit, capacity: int, case: str) -> None:
         return
     assert not batch.padded and packs.sum() == T
     assert set(np.cumsum(packs).tolist()) <= set(cu.tolist())  # packs end at segment boundaries
-    assert seg.tolist() == [n for _, n in runs]
-    for (s, n), begin in zip(runs, cu[:-1], strict=True):
+    if case.endswith("-open"):  # data.document_mask=false: one segment per pack
+        assert seg.tolist() == packs.tolist()
+    else:
+        assert seg.tolist() == [n for _, n in runs]
+    begins = np.cumsum([0] + [n for _, n in runs])[:-1]
+    for (s, n), begin in zip(runs, begins, strict=True):
         np.testing.assert_array_equal(inputs[begin : begin + n], stream[s : s + n])
         expected = stream[s + 1 : s + n + 1].copy()
         if case != "concat-open":
             assert not (stream[s : s + n - 1] == EOS_TOKEN_ID).any()  # no document boundary inside
-        if case == "concat-masked":  # the pair EOS -> next document is not a real pair
+        if case in ("concat-masked", "concat-truncate"):  # the pair EOS -> next document is no real pair
             expected[stream[s : s + n] == EOS_TOKEN_ID] = IGNORE_INDEX
         np.testing.assert_array_equal(targets[begin : begin + n], expected)
 
@@ -289,8 +326,9 @@ def test_every_item_once_per_epoch(case, capacity, world_size, tmp_path):
     assert len(counts) == 1  # every rank the same number of batches
     served = []
     for sampler in samplers:
+        expected = len(sampler)  # this epoch's (a policy packing anew may make another count next epoch)
         batches = list(sampler)
-        assert len(batches) == len(sampler) > 0
+        assert len(batches) == expected > 0
         for batch in batches:
             check_batch(batch, split, capacity, case)
             served.extend(np.asarray(batch.meta["chunks"]).tolist())
@@ -314,8 +352,13 @@ def test_tokens_are_conserved(case, tmp_path):
     real = sum(b.real_tokens for b in batches)
     targets = sum(b.num_targets for b in batches)
     pairs = split.lengths - 1
-    if policy == "padded":
-        assert real == targets == np.minimum(pairs, capacity).sum()
+    if case in ("padded-max", "padded-longest") or case.endswith("truncate"):
+        kept = np.minimum(pairs, capacity).sum()  # each document's first chunk
+        assert targets == kept
+        if case == "concat-truncate":  # and the EOS inputs of the documents it keeps whole
+            assert real == kept + (pairs[:-1] <= capacity).sum()
+        else:
+            assert real == kept
     elif case.startswith("concat"):
         assert real == split.num_tokens - 1  # the stream's pairs
         assert targets == (split.num_pairs if case == "concat-masked" else split.num_tokens - 1)

@@ -30,6 +30,14 @@ CASES = {
     "concat-open": ("prepacked", "data.strategy=concat", "data.document_mask=false"),
     "bfd": ("prepacked", "data.strategy=bfd"),
     "bestfit": ("bestfit", "data.packing_buffer=6"),
+    "firstfit": ("firstfit", "data.open_bins=2"),
+    # The composition axes (data.long_docs, data.document_mask) on the policies they change.
+    "padded-chunk": ("padded", "data.long_docs=chunk"),
+    "concat-truncate": ("prepacked", "data.strategy=concat", "data.long_docs=truncate"),
+    "bestfit-truncate": ("bestfit", "data.packing_buffer=6", "data.long_docs=truncate"),
+    "firstfit-truncate": ("firstfit", "data.long_docs=truncate"),
+    "bfd-open": ("prepacked", "data.strategy=bfd", "data.document_mask=false"),
+    "firstfit-open": ("firstfit", "data.open_bins=2", "data.document_mask=false"),
 }
 
 
@@ -318,7 +326,7 @@ def test_mismatched_state_is_refused(tmp_path):
         build_sampler(case_cfg("bestfit"), random_split(18)).load_state_dict(state)
 
 
-@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit"])
+@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit", "firstfit"])
 def test_data_configs(policy):
     from pretrain.config import load_config
 
@@ -331,7 +339,7 @@ def test_data_configs(policy):
         assert data.strategy == "concat" and data.document_mask is True
 
 
-@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit"])
+@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit", "firstfit"])
 def test_composed_config_builds_samplers(policy, tmp_path):
     from pretrain.config import load_config
 
