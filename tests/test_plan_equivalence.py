@@ -12,8 +12,10 @@ from pretrain.data import packing
 from pretrain.data.packing import (
     _best_fit_buffered_reference,
     _best_fit_decreasing_reference,
+    _first_fit_online_reference,
     best_fit_buffered,
     best_fit_decreasing,
+    first_fit_online,
 )
 from pretrain.data.synthetic import fineweb_like_lengths
 
@@ -92,9 +94,15 @@ def test_without_numba_the_reference_runs(monkeypatch):
 
     monkeypatch.setattr(packing, "_best_fit_buffered_reference", spy(_best_fit_buffered_reference))
     monkeypatch.setattr(packing, "_best_fit_decreasing_reference", spy(_best_fit_decreasing_reference))
+    monkeypatch.setattr(packing, "_first_fit_online_reference", spy(_first_fit_online_reference))
     assert_same(best_fit_buffered(lengths, 8, 3), _best_fit_buffered_reference(lengths, 8, 3))
     assert_same(best_fit_decreasing(lengths, 8), _best_fit_decreasing_reference(lengths, 8))
-    assert calls == ["_best_fit_buffered_reference", "_best_fit_decreasing_reference"]
+    assert_same(first_fit_online(lengths, 8, 2), _first_fit_online_reference(lengths, 8, 2))
+    assert calls == [
+        "_best_fit_buffered_reference",
+        "_best_fit_decreasing_reference",
+        "_first_fit_online_reference",
+    ]
 
 
 def test_capacity_beyond_the_kernels_bitset_uses_the_reference():
@@ -157,3 +165,53 @@ def test_best_fit_buffered_through_an_order_is_the_gathered_plan(case, buffer, s
         assert items.dtype == dtype
         np.testing.assert_array_equal(ptr, want_ptr)
         np.testing.assert_array_equal(items, order[seq])
+
+
+# --- online first fit ------------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=lengths_and_capacity(), open_bins=st.one_of(st.integers(1, 12), st.sampled_from([64, 10**4])))
+def test_first_fit_online_matches_the_reference(case, open_bins):
+    """Ties included: equal lengths (the many-ties draws) and equally full bins (the oldest emitted)."""
+    lengths, capacity = case
+    assert_same(
+        first_fit_online(lengths, capacity, open_bins),
+        _first_fit_online_reference(lengths, capacity, open_bins),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=lengths_and_capacity(), open_bins=st.integers(1, 10), seed=st.integers(0, 2**32 - 1))
+def test_first_fit_online_through_an_order_is_the_gathered_plan(case, open_bins, seed):
+    lengths, capacity = case
+    for dtype in (np.int32, np.int64):
+        order = np.random.default_rng(seed).permutation(len(lengths)).astype(dtype)
+        items, ptr = first_fit_online(lengths.astype(np.int32), capacity, open_bins, order=order)
+        seq, want_ptr = _first_fit_online_reference(lengths[order], capacity, open_bins)
+        assert items.dtype == dtype
+        np.testing.assert_array_equal(ptr, want_ptr)
+        np.testing.assert_array_equal(items, order[seq])
+
+
+@pytest.mark.parametrize("capacity", [1024, 4096])
+def test_fineweb_like_first_fit_epoch_matches_the_reference(capacity):
+    lengths = np.minimum(fineweb_like_lengths(20_000, seed=4), capacity)
+    assert_same(first_fit_online(lengths, capacity, 8), _first_fit_online_reference(lengths, capacity, 8))
+
+
+def test_firstfit_sampler_epochs_are_the_reference_plans():
+    from conftest import policy_cfg
+
+    from pretrain.data.samplers import build_sampler
+
+    cfg = policy_cfg("firstfit", "data.max_seq_len=256", "train.batch_size=4", "data.open_bins=5")
+    sampler = build_sampler(cfg, _split(3000, seed=7))
+    lengths = sampler.table.length
+    for epoch in (0, 1, 7):
+        plan = sampler.plan(epoch)
+        order = np.random.default_rng([cfg.seed, epoch]).permutation(len(lengths))
+        seq, ptr = _first_fit_online_reference(lengths[order], 256, 5)
+        np.testing.assert_array_equal(plan.layout.ptr, ptr)
+        np.testing.assert_array_equal(plan.layout.item_id, order[seq])
+        assert plan.order is None  # packs are served in the order they were emitted

@@ -20,6 +20,7 @@ from pretrain.data.packing import (
     best_fit_buffered,
     best_fit_decreasing,
     concat_windows,
+    first_fit_online,
 )
 from pretrain.data.policies import load_or_build_packs, packs_path
 from pretrain.data.policies import packs as stored_packs
@@ -154,6 +155,22 @@ def test_online_best_fit_buffer_one_is_next_fit():
         assert lengths[pack].sum() + lengths[following[0]] > 33  # closed only when the next one does not fit
 
 
+@pytest.mark.parametrize(
+    ("lengths", "open_bins", "packs"),
+    [
+        ([3, 3, 2, 4, 1], 2, [[0, 2], [1, 4], [3]]),  # 2 fills bin 0 exactly: emitted at once
+        ([3, 4, 3, 1], 2, [[1], [0, 3], [2]]),  # 3 fits no bin: the fullest (4 of 5) goes, not the oldest
+        ([3, 3, 3], 2, [[0], [1], [2]]),  # equally full: the oldest goes
+        ([3, 4, 3, 1], 1, [[0], [1], [2, 3]]),  # one bin: next fit
+        ([1, 1, 1, 1, 1, 1], 8, [[0, 1, 2, 3, 4], [5]]),
+    ],
+)
+def test_first_fit_online_by_hand(lengths, open_bins, packs):
+    """Capacity 5: the first open bin that holds a chunk takes it; when none does, the fullest goes."""
+    items, ptr = first_fit_online(np.array(lengths), 5, open_bins)
+    assert as_packs(items, ptr) == packs
+
+
 def test_packing_rejects_bad_lengths():
     with pytest.raises(ValueError, match="1..8"):
         best_fit_buffered(np.array([9]), 8, 4)
@@ -257,9 +274,13 @@ def expected_runs(batch, split: TokenSplit, capacity: int, case: str) -> list[tu
         return [(w * capacity, min(capacity, inputs - w * capacity)) for w in np.asarray(batch.meta["packs"])]
     if case.startswith("concat"):
         truncate = case.endswith("truncate")
-        bounds, position = piece_bounds(split, capacity, truncate), stream_positions(split, capacity, truncate)
+        bounds, position = (
+            piece_bounds(split, capacity, truncate),
+            stream_positions(split, capacity, truncate),
+        )
         return [
-            (int(position[bounds[i]]), int(bounds[i + 1] - bounds[i])) for i in np.asarray(batch.meta["chunks"])
+            (int(position[bounds[i]]), int(bounds[i + 1] - bounds[i]))
+            for i in np.asarray(batch.meta["chunks"])
         ]
     table = chunk_table(split.offsets, split.lengths, capacity)
     return [(int(table.start[i]), int(table.length[i])) for i in np.asarray(batch.meta["chunks"])]

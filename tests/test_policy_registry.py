@@ -13,9 +13,9 @@ import pytest
 import yaml
 from conftest import REPO
 
+from pretrain import errors
 from pretrain.config import load_config, to_config
 from pretrain.data.policies import REGISTRY, DataConfig, DataPolicy, Policy, policy_class
-from pretrain import errors
 from pretrain.errors import ConfigError
 
 PACKAGE = REPO / "src" / "pretrain"
@@ -49,7 +49,7 @@ def test_each_config_holds_only_its_policys_options():
 def test_every_policy_has_the_composition_axes_with_todays_defaults():
     """data.long_docs for every policy (padded truncates, the others chunk); data.document_mask for
     every packing policy (on)."""
-    for name, cls in REGISTRY.items():
+    for name in REGISTRY:
         config = to_config(load_config([f"data={name}"])).data
         assert config.long_docs == ("truncate" if name == Policy.padded else "chunk")
         assert getattr(config, "document_mask", None) is (None if name == Policy.padded else True)
@@ -74,7 +74,8 @@ def test_a_composition_option_it_cannot_take_is_refused(overrides, message):
 
 def test_an_unknown_policy_is_refused_listing_the_choices():
     with pytest.raises(
-        ConfigError, match=r"^unknown data\.policy 'greedy'; choose one of padded, prepacked, bestfit, firstfit$"
+        ConfigError,
+        match=r"^unknown data\.policy 'greedy'; choose one of padded, prepacked, bestfit, firstfit$",
     ):
         policy_class("greedy")
 

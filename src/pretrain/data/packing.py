@@ -321,8 +321,9 @@ def concat_windows(
     on no EOS, so its last piece is no `ends_document` and the rest of it is never served."""
     offsets = np.asarray(offsets, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
-    truncated = np.zeros(len(lengths), dtype=bool) if max_inputs is None else lengths - 1 > max_inputs
-    if truncated.any():
+    truncated = np.zeros(len(lengths), dtype=bool)
+    if max_inputs is not None:
+        truncated = lengths - 1 > max_inputs
         lengths = np.where(truncated, max_inputs, lengths)  # the inputs each document puts in the stream
     doc_start = prefix_sums(lengths)
     # The last EOS has no target; a truncated last document keeps every input's target.

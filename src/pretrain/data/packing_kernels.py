@@ -257,7 +257,9 @@ def first_fit_online_kernel(lengths, order, capacity, open_bins):
                 for k in range(1, opened):
                     if space[k] < space[fullest]:
                         fullest = k
-                taken = emit_bin(fullest, opened, space, head, tail, count, after, order, out, taken, sizes, packs)
+                taken = emit_bin(
+                    fullest, opened, space, head, tail, count, after, order, out, taken, sizes, packs
+                )
                 opened -= 1
                 packs += 1
             slot = opened

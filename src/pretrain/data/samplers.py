@@ -191,7 +191,10 @@ class Sampler:
             self.policy.renamed_settings.get(k, k): v for k, v in dict(state.get("settings", {})).items()
         }
         current = self._settings_key()
-        changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+        # Both ways: an option named only when set (data.long_docs, data.document_mask) may be in either.
+        changed = {
+            k: (saved.get(k), current.get(k)) for k in {**current, **saved} if saved.get(k) != current.get(k)
+        }
         if changed:
             detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise ConfigError(

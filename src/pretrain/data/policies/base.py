@@ -68,7 +68,7 @@ class DataConfig:
     max_seq_len: int = 512
     """context length = pack capacity = padded row width, 2..4096"""
     long_docs: LongDocs = LongDocs.chunk
-    """documents longer than max_seq_len: chunk (every chunk trained) or truncate (first chunk only); padded: truncate"""
+    """long documents: chunk (every chunk trained) or truncate (first max_seq_len inputs); padded: truncate"""
 
     # The policy whose options this class holds (None: the group's base, no policy chosen yet).
     for_policy: ClassVar[Policy | None] = None
@@ -96,7 +96,7 @@ class PackingConfig(DataConfig):
     document_mask: bool = True
     """packing policies: false makes each pack one attention segment (positions continue across documents)"""
 
-    gained_since_split = ("document_mask",)  # prepacked concat's only, before
+    gained_since_split: ClassVar[tuple[str, ...]] = ("document_mask",)  # prepacked concat's only, before
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -223,7 +223,10 @@ class PackingPolicy(DataPolicy):
         return super().gather(split, layout, items, counts)
 
     def resume_key(self) -> dict:
-        return {**super().resume_key(), **self._non_default("data.document_mask", bool(self.config.document_mask))}
+        return {
+            **super().resume_key(),
+            **self._non_default("data.document_mask", bool(self.config.document_mask)),
+        }
 
     def segment_lengths(self, plan: EpochPlan) -> np.ndarray:
         """Without the document mask a pack is one segment; with it, each item is."""

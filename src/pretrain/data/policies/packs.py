@@ -51,7 +51,9 @@ def _read_packs(path: Path, header: dict) -> dict | None:
         return None
 
 
-def _build_packs(split: TokenSplit, table: ChunkTable, strategy: str, truncate: bool) -> dict[str, np.ndarray]:
+def _build_packs(
+    split: TokenSplit, table: ChunkTable, strategy: str, truncate: bool
+) -> dict[str, np.ndarray]:
     if strategy == Strategy.bfd:
         if not truncate:
             items, ptr = best_fit_decreasing(table.length, table.max_seq_len)
@@ -59,7 +61,9 @@ def _build_packs(split: TokenSplit, table: ChunkTable, strategy: str, truncate: 
         first = first_chunk_ids(table)  # each document's first chunk, packed alone
         items, ptr = best_fit_decreasing(table.length[first], table.max_seq_len)
         return {"items": first[items], "ptr": ptr}
-    w = concat_windows(split.offsets, split.lengths, table.max_seq_len, table.max_seq_len if truncate else None)
+    w = concat_windows(
+        split.offsets, split.lengths, table.max_seq_len, table.max_seq_len if truncate else None
+    )
     return {
         "start": w.start,
         "length": w.length,
@@ -88,7 +92,9 @@ def load_or_build_packs(
         "split_fingerprint": split_fingerprint(split),
         **({"long_docs": "truncate"} if truncate else {}),  # chunk: the header files had before
     }
-    path = packs_path(packs_dir, split.name, strategy, max_seq_len, truncate) if packs_dir is not None else None
+    path = (
+        packs_path(packs_dir, split.name, strategy, max_seq_len, truncate) if packs_dir is not None else None
+    )
     stored = _read_packs(path, header) if path is not None and path.exists() else None
     if stored is None and path is not None:
         lock = FileLock(str(path.with_name(f"{path.name}.lock")))

@@ -75,6 +75,8 @@ class PrepackedPolicy(PackingPolicy):
 
     def resume_key(self) -> dict:
         key: dict[str, str | bool] = {**super().resume_key(), "data.strategy": str(self.config.strategy)}
-        if self.config.strategy == Strategy.concat:  # always named for concat (as before the other policies had it)
+        if (
+            self.config.strategy == Strategy.concat
+        ):  # always named for concat (as before the other policies had it)
             key["data.document_mask"] = bool(self.config.document_mask)
         return key
