@@ -256,3 +256,139 @@ def test_empty_validation_split():
         "scored_pairs": 0,
     }
     assert stats["verbatim_leaks"] == 0 and stats["train_validation_overlap"] == 0
+
+
+# --- the composition audit (data/audit.py), on the same four documents ------------------------------
+# Pairs 2, 5, 1, 9 at max_seq_len 4: documents 1 and 3 are longer than a chunk. The whole stream of
+# 21 tokens makes ceil(20 / 4) = 5 concat windows.
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        (  # one row per document's first chunk: 6 of 17 pairs lost, 4 rows of 4
+            ("padded",),
+            dict(
+                truncated=2 / 4,
+                dropped=6 / 17,
+                fragmented=0.0,
+                units=4 / 5,
+                cost=4 * 16 / 11,
+                padded=4 * 16 / 11,
+            ),
+        ),
+        (  # every chunk its own row: nothing lost, documents 1 and 3 in several rows
+            ("padded", "data.long_docs=chunk"),
+            dict(
+                truncated=0.0,
+                dropped=0.0,
+                fragmented=2 / 4,
+                units=7 / 5,
+                cost=7 * 16 / 17,
+                padded=7 * 16 / 17,
+            ),
+        ),
+        (  # chunks {4} {4} {4} {2, 1, 1} {1}, each its own segment
+            ("bestfit",),
+            dict(truncated=0.0, dropped=0.0, fragmented=2 / 4, units=5 / 5, cost=55 / 17, padded=5 * 16 / 17),
+        ),
+        (  # pieces 3 | 1, 4 | 1, 2, 1 | 4 | 4; document 1's EOS-only piece holds none of its pairs
+            ("prepacked", "data.strategy=concat"),
+            dict(truncated=0.0, dropped=0.0, fragmented=2 / 4, units=5 / 5, cost=64 / 20, padded=5 * 16 / 20),
+        ),
+        (  # each window one segment
+            ("prepacked", "data.strategy=concat", "data.document_mask=false"),
+            dict(truncated=0.0, dropped=0.0, fragmented=2 / 4, units=5 / 5, cost=80 / 20, padded=80 / 20),
+        ),
+        (  # the stream of the first chunks, 3 + 4 + 2 + 4 = 13 inputs: windows [0,4) [4,8) [8,12) [12,13)
+            ("prepacked", "data.strategy=concat", "data.long_docs=truncate"),
+            dict(
+                truncated=2 / 4,
+                dropped=6 / 17,
+                fragmented=2 / 4,  # document 1 in windows 0 and 1, document 3 in 2 and 3
+                units=4 / 5,
+                cost=(9 + 1 + 9 + 1 + 1 + 9 + 1) / 13,  # pieces 3, 1 | 3, 1 | 1, 3 | 1
+                padded=4 * 16 / 13,
+            ),
+        ),
+        (  # first chunks 2, 4, 1, 4 by first fit: {4} {4} {2, 1} whatever the shuffle, one segment each
+            ("firstfit", "data.long_docs=truncate", "data.document_mask=false"),
+            dict(
+                truncated=2 / 4, dropped=6 / 17, fragmented=0.0, units=3 / 5, cost=41 / 11, padded=3 * 16 / 11
+            ),
+        ),
+    ],
+    ids=[
+        "padded",
+        "padded-chunk",
+        "bestfit",
+        "concat",
+        "concat-open",
+        "concat-truncate",
+        "firstfit-truncate-open",
+    ],
+)
+def test_composition_audit_by_hand(policy, expected):
+    train, validation = splits()
+    stats = inspect_split(make_cfg(*policy), train, validation, audits=False)
+    assert stats["truncated_documents"] == pytest.approx(expected["truncated"])
+    assert stats["dropped_pairs"] == pytest.approx(expected["dropped"])
+    assert stats["fragmented_documents"] == pytest.approx(expected["fragmented"])
+    assert stats["units_vs_concat"] == pytest.approx(expected["units"])
+    assert stats["attention_cost"] == pytest.approx(expected["cost"])
+    assert stats["attention_cost_padded"] == pytest.approx(expected["padded"])
+    assert stats["truncated_pairs"] == round(expected["dropped"] * 17)
+
+
+def test_cross_document_fraction_of_packs_without_the_mask():
+    """Only the tokens after a pack's leading run of one document see another: {4} {4} {2, 1} -> 1 of 11."""
+    train, validation = splits()
+    stats = inspect_split(
+        make_cfg("firstfit", "data.long_docs=truncate", "data.document_mask=false"), train, validation
+    )
+    assert stats["cross_document_visible_fraction"] == pytest.approx(1 / 11)
+    assert stats["settings"]["long_docs"] == "truncate" and stats["settings"]["document_mask"] is False
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        ("padded", "data.pad_to=longest", "data.long_docs=chunk"),
+        ("bestfit", "data.document_mask=false"),
+        ("prepacked", "data.strategy=concat"),
+        ("firstfit", "data.long_docs=truncate"),
+    ],
+    ids=["padded-longest", "bestfit-open", "concat", "firstfit-truncate"],
+)
+def test_the_audits_attention_cost_is_that_of_the_batches(policy):
+    """`batch_attention_cost` (from cu_seqlens) x real tokens, over an epoch's batches, is the audit's."""
+    from pretrain.data.audit import batch_attention_cost, composition_audit
+    from pretrain.data.samplers import build_sampler
+
+    train = TokenSplit.from_lengths(np.random.default_rng(8).integers(2, 40, size=50), seed=8)
+    cfg = policy_cfg(policy[0], "data.max_seq_len=8", "train.batch_size=1", *policy[1:])
+    sampler = build_sampler(cfg, train)
+    audit = composition_audit(cfg, train, sampler=sampler)
+    batches = list(sampler)
+    real = sum(b.real_tokens for b in batches)
+    assert sum(batch_attention_cost(b) * b.real_tokens for b in batches) == pytest.approx(
+        audit["attention_cost"] * real
+    )
+    assert set(audit) == {
+        "truncated_documents",
+        "dropped_pairs",
+        "fragmented_documents",
+        "units_vs_concat",
+        "attention_cost",
+        "attention_cost_padded",
+        "cross_document_visible_fraction",
+    }
+
+
+def test_the_audit_is_in_the_table():
+    train, validation = splits()
+    console = Console(width=120, record=True)
+    console.print(render_table(inspect_split(make_cfg("padded"), train, validation, audits=False)))
+    text = console.export_text()
+    assert "truncated_documents" in text and "50.00 %" in text  # 2 of 4 documents
+    assert "units_vs_concat" in text and "0.80000" in text
