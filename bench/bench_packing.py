@@ -7,7 +7,8 @@ source and tokenizer are importable, else characters / 4), (b) synthetic FineWeb
 gather-inclusive throughput, which reads random tokens of those lengths.
 
 Plan at scale (`measure_plan`, each in a fresh process): a bestfit epoch plan (the sampler's
-shuffle + best fit, buffer 64) and the prepacked BFD plan of synthetic FineWeb-like chunks at
+shuffle + best fit, buffer 64), a firstfit epoch plan (the shuffle + online first fit, 8 open bins)
+and the prepacked BFD plan of synthetic FineWeb-like chunks at
 max_seq_len 1024, at 10M, 100M, 1B and 10B tokens (also extrapolated from 1B with the growth below
 it) for the fast planners, and at 10M and 100M (extrapolated to 10B) for the pure-Python
 references; seconds (wall and CPU: on a shared machine CPU seconds are the steadier number) and
@@ -33,7 +34,18 @@ from pretrain.config import TrainConfig
 from pretrain.data import packing
 from pretrain.data.chunking import chunk_table
 from pretrain.data.packing import best_fit_decreasing, concat_windows
-from pretrain.data.policies import BestfitConfig, Policy, PolicySettings, bestfit_layout, shuffled
+from pretrain.data.policies import (
+    BestfitConfig,
+    BestfitPolicy,
+    EpochPlan,
+    Layout,
+    Policy,
+    PolicySettings,
+    bestfit_layout,
+    firstfit_layout,
+    shuffled,
+)
+from pretrain.data.policies.layout import chunk_layout
 from pretrain.data.samplers import build_sampler
 from pretrain.data.synthetic import fineweb_like_lengths
 from pretrain.data.tokens import TokenSplit
@@ -50,6 +62,8 @@ PLAN_TOKENS = (10_000_000, 100_000_000, 1_000_000_000, 10_000_000_000)
 REFERENCE_TOKENS = (10_000_000, 100_000_000)
 PLAN_SEQ_LEN = 1024
 PLAN_BUFFER = 64
+OPEN_BINS = 8  # firstfit's default (torchtitan's FirstFitPackIterDataset keeps 8 bins open)
+PLAN_METHODS = ("bestfit", "firstfit", "bfd")
 TARGET_PLAN_SECONDS = 5.0  # per rank, 10B tokens
 TARGET_PLAN_MIB = 1024.0
 TARGET_VALIDATION_MIB = 1024.0
@@ -90,6 +104,12 @@ def _settings() -> PolicySettings:
     return PolicySettings.from_config(data, train, seed=0)
 
 
+def _cross_document_unmasked(layout: Layout) -> float:
+    """Share of real tokens that would see another document with data.document_mask=false."""
+    config = BestfitConfig(policy=Policy.bestfit, max_seq_len=CAPACITY, document_mask=False)
+    return BestfitPolicy(config).cross_document_visible_fraction(EpochPlan(layout, None, 1, 0, 0))
+
+
 def _packing_rows(dataset: str, lengths: np.ndarray) -> tuple[list[dict], dict]:
     table = chunk_table(_offsets(lengths), lengths, CAPACITY)
     tokens = table.total_pairs
@@ -101,25 +121,54 @@ def _packing_rows(dataset: str, lengths: np.ndarray) -> tuple[list[dict], dict]:
     lower = math.ceil(tokens / CAPACITY)
     util["lower_bound"] = tokens / (lower * CAPACITY)
     rows.append(row("lower bound", lower, tokens, lower * CAPACITY))
-    _, ptr = best_fit_decreasing(table.length, CAPACITY)
+    items, ptr = best_fit_decreasing(table.length, CAPACITY)
     util["bfd"] = tokens / ((len(ptr) - 1) * CAPACITY)
-    rows.append(row("bfd (offline)", len(ptr) - 1, tokens, (len(ptr) - 1) * CAPACITY))
+    cross = {"bfd": _cross_document_unmasked(chunk_layout(table, items, ptr))}
+    rows.append(
+        row(
+            "bfd (offline)",
+            len(ptr) - 1,
+            tokens,
+            (len(ptr) - 1) * CAPACITY,
+            **{"x-doc %": 100 * cross["bfd"]},
+        )
+    )
     for buffer in BUFFERS:
         packs = []
         for epoch in range(EPOCHS):
             order = np.random.default_rng([0, epoch]).permutation(len(table))
-            packs.append(len(bestfit_layout(table, order, buffer)))
+            layout = bestfit_layout(table, order, buffer)
+            packs.append(len(layout))
         mean = float(np.mean(packs))
         util[f"bestfit_{buffer}"] = tokens / (mean * CAPACITY)
         util[f"bestfit_{buffer}_worst"] = tokens / (max(packs) * CAPACITY)
-        rows.append(row(f"bestfit b={buffer}", int(round(mean)), tokens, mean * CAPACITY))
+        cross[f"bestfit_{buffer}"] = _cross_document_unmasked(layout)  # the last shuffle's
+        extra = {"x-doc %": 100 * cross[f"bestfit_{buffer}"]}
+        rows.append(row(f"bestfit b={buffer}", int(round(mean)), tokens, mean * CAPACITY, **extra))
+    packs = []
+    for epoch in range(EPOCHS):  # the same shuffles as best fit's
+        order = np.random.default_rng([0, epoch]).permutation(len(table))
+        layout = firstfit_layout(table, order, OPEN_BINS)
+        packs.append(len(layout))
+    mean = float(np.mean(packs))
+    util[f"firstfit_{OPEN_BINS}"] = tokens / (mean * CAPACITY)
+    util[f"firstfit_{OPEN_BINS}_worst"] = tokens / (max(packs) * CAPACITY)
+    cross[f"firstfit_{OPEN_BINS}"] = _cross_document_unmasked(layout)
+    extra = {"x-doc %": 100 * cross[f"firstfit_{OPEN_BINS}"]}
+    rows.append(row(f"firstfit k={OPEN_BINS}", int(round(mean)), tokens, mean * CAPACITY, **extra))
     windows = concat_windows(_offsets(lengths), lengths, CAPACITY)
     window_tokens = np.add.reduceat(windows.length, windows.ptr[:-1])
     first_piece = windows.length[windows.ptr[:-1]]
     stream = int(window_tokens.sum())
-    cross = float((window_tokens - first_piece).sum() / stream)
+    cross["concat"] = float((window_tokens - first_piece).sum() / stream)
     rows.append(
-        row("concat, no mask", len(windows), stream, len(windows) * CAPACITY, **{"x-doc %": 100 * cross})
+        row(
+            "concat, no mask",
+            len(windows),
+            stream,
+            len(windows) * CAPACITY,
+            **{"x-doc %": 100 * cross["concat"]},
+        )
     )
     pairs = lengths - 1
     for width in PADDED_LENGTHS:
@@ -127,6 +176,7 @@ def _packing_rows(dataset: str, lengths: np.ndarray) -> tuple[list[dict], dict]:
         slots = len(lengths) * width
         extra = {"waste %": 100 * (1 - real / slots), "trunc %": 100 * (1 - real / int(pairs.sum()))}
         rows.append(row(f"padded {width}", len(lengths), real, slots, **extra))
+    # cross_document: share of real tokens seeing another document with data.document_mask=false
     return rows, {"chunks": len(table), "pairs": tokens, "utilization": util, "cross_document": cross}
 
 
@@ -209,8 +259,9 @@ def measure_plan(
     `measure_plan_isolated` runs it in a fresh one, so that the compile time is a start-up's).
 
     `method`: "bestfit" (what a bestfit rank does every epoch: the seeded int32 shuffle, then best
-    fit from a `buffer`-chunk buffer through that order) or "bfd" (the prepacked strategy's
-    best-fit-decreasing, built once). `reference`: the pure-Python reference planners instead.
+    fit from a `buffer`-chunk buffer through that order), "firstfit" (the same shuffle, then online
+    first fit with OPEN_BINS bins open) or "bfd" (the prepacked strategy's best-fit-decreasing, built
+    once). `reference`: the pure-Python reference planners instead.
     Returns seconds (wall), cpu_seconds, pack_seconds (packing alone), peak_mib (tracemalloc peak
     of a second, traced run: numpy and numba allocations; None for the reference, whose Python
     objects would take minutes to trace), compile_seconds (importing numba and compiling the kernels
@@ -225,22 +276,26 @@ def measure_plan(
     if kernels is not None:  # compile (or load the cached machine code) before timing
         best_fit_decreasing(table.length[:64], max_seq_len)
         bestfit_layout(table, np.arange(min(64, len(table)), dtype=np.int32), buffer)
+        firstfit_layout(table, np.arange(min(64, len(table)), dtype=np.int32), OPEN_BINS)
     compile_seconds = time.perf_counter() - compile_started
     if reference:
         os.environ["PRETRAIN_NO_NUMBA"] = "1"
 
     def plan() -> tuple[float, int, int]:
         packed = time.perf_counter()
-        if method == "bestfit":
+        if method in ("bestfit", "firstfit"):
             order = shuffled(np.random.default_rng([0, 1]), len(table))
             packed = time.perf_counter()
-            layout = bestfit_layout(table, order, buffer)
+            if method == "bestfit":
+                layout = bestfit_layout(table, order, buffer)
+            else:
+                layout = firstfit_layout(table, order, OPEN_BINS)
             return time.perf_counter() - packed, len(layout), layout.nbytes
         items, ptr = best_fit_decreasing(table.length, max_seq_len)
         return time.perf_counter() - packed, len(ptr) - 1, items.nbytes + ptr.nbytes
 
-    if method not in ("bestfit", "bfd"):
-        raise ValueError(f"method must be bestfit or bfd, got {method!r}")
+    if method not in PLAN_METHODS:
+        raise ValueError(f"method must be one of {', '.join(PLAN_METHODS)}, got {method!r}")
     if reference:
         os.environ["PRETRAIN_NO_NUMBA"] = "1"
     try:
@@ -330,7 +385,7 @@ def _isolated(flag: str, **kwargs) -> dict:
 def _plan_at_scale() -> tuple[list[dict], dict]:
     results: dict = {"fast": {}, "reference": {}}
     rows = []
-    for method in ("bestfit", "bfd"):
+    for method in PLAN_METHODS:
         fast = [measure_plan_isolated(n, method=method) for n in PLAN_TOKENS]
         slow = [measure_plan_isolated(n, method=method, reference=True) for n in REFERENCE_TOKENS]
         # Growth per 10x tokens at each step, and 10B extrapolated from 1B with the last growth
@@ -434,6 +489,7 @@ def run() -> dict:
             f"{name}: bestfit@64 {100 * u['bestfit_64']:.3f}% (target >= {100 * TARGET_UTILIZATION:.1f}%), "
             f"bfd {100 * u['bfd']:.3f}%, gap {gap:.3f} points (target <= {TARGET_GAP_POINTS}), "
             f"lower bound {100 * u['lower_bound']:.3f}%, "
+            f"firstfit@{OPEN_BINS} {100 * u[f'firstfit_{OPEN_BINS}']:.3f}%, "
             f"metadata {info['metadata_tokens_per_s'] / 1e6:,.0f}M tok/s (target >= 50M), "
             f"with gather {info['with_gather_tokens_per_s'] / 1e6:,.0f}M tok/s"
         )
@@ -495,7 +551,7 @@ if __name__ == "__main__":
     elif len(sys.argv) == 3 and sys.argv[1] == "--measure-validation":
         print(json.dumps(measure_validation(**json.loads(sys.argv[2])), default=float))
     elif len(sys.argv) == 3 and sys.argv[1] == "--plan":  # e.g. --plan 10000000000
-        for method in ("bestfit", "bfd"):
+        for method in PLAN_METHODS:
             print(json.dumps(measure_plan_isolated(int(float(sys.argv[2])), method=method), default=float))
     else:
         print(json.dumps(run(), indent=2, default=float))
