@@ -16,7 +16,15 @@ from pretrain.data.tokens import TokenSplit
 
 ROOT = Path(__file__).resolve().parents[1]
 
-DESIGN_KEYS = {*INSPECT_DATA_KEYS, "policy", "max_seq_len"}
+# DESIGN.md's inspect-data keys, the composition audit's among them.
+AUDIT_KEYS = {
+    "truncated_documents",
+    "dropped_pairs",
+    "fragmented_documents",
+    "units_vs_concat",
+    "attention_cost",
+}
+DESIGN_KEYS = {*INSPECT_DATA_KEYS, *AUDIT_KEYS, "policy", "max_seq_len"}
 
 # Bodies of 2, 5, 1 and 9 tokens; with EOS 3 + 6 + 2 + 10 = 21 tokens and 2 + 5 + 1 + 9 = 17 pairs.
 BODIES = [[1, 2], [10, 11, 12, 13, 14], [20], [30, 31, 32, 33, 34, 35, 36, 37, 38]]
