@@ -48,7 +48,7 @@ class LongDocs(StrEnum):
     truncate = "truncate"  # its first chunk only (Ding et al. 2024's truncation); the rest is dropped
 
 
-def _is_set(value: object) -> bool:
+def is_set(value: object) -> bool:
     return value is not None and value != MISSING
 
 
@@ -77,10 +77,10 @@ class DataConfig:
     gained_since_split: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
-        if _is_set(self.max_seq_len):
+        if is_set(self.max_seq_len):
             check_max_seq_len(self.max_seq_len)
         chosen, own = self.policy, type(self).for_policy
-        if own is not None and _is_set(chosen) and chosen != own:
+        if own is not None and is_set(chosen) and chosen != own:
             raise ConfigError(
                 f"data.policy={chosen} does not fit the options of data={own}: choose the policy "
                 f"with data={chosen} (one of {', '.join(Policy)})"
@@ -100,7 +100,7 @@ class PackingConfig(DataConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if _is_set(self.packing_buffer):
+        if is_set(self.packing_buffer):
             positive_int(self.packing_buffer, "data.packing_buffer")
 
 

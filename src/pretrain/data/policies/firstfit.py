@@ -14,7 +14,7 @@ import numpy as np
 
 from ..chunking import ChunkTable
 from ..packing import first_fit_online
-from .base import PackingConfig, PackingPolicy, Policy, _is_set, positive_int
+from .base import PackingConfig, PackingPolicy, Policy, is_set, positive_int
 from .layout import Layout, chunk_layout, epoch_chunk_order
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ class FirstfitConfig(PackingConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if _is_set(self.open_bins):
+        if is_set(self.open_bins):
             positive_int(self.open_bins, "data.open_bins")
 
 
