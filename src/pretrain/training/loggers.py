@@ -38,6 +38,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from ..config import Config, LoggerConfig
 from .metrics_file import FILE_NAME, STEP, MetricsFile
+from .run_record import load_run, run_numbers
 
 log = logging.getLogger(__name__)
 
@@ -263,8 +264,6 @@ def summary_row(summary: dict) -> dict[str, float | int | str]:
     }
     output_dir = summary.get("output_dir")
     if output_dir and (Path(output_dir) / "metrics.csv").is_file():
-        from ..report.compare import load_run, run_numbers
-
         # The run's aggregates as the comparison table has them; the final values stay exact.
         numbers = run_numbers(load_run(Path(output_dir)))
         row.update({key: numbers[key] for key in ("tokens_per_sec", "padding_waste", "pack_utilization")})
