@@ -15,17 +15,21 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pretrain.config import AttnBackend
 from pretrain.model.attention import (
+    CHOICES,
+    REGISTRY,
+    AttentionBackend,
     bucket_widths,
     check_backend,
     document_block_mask,
-    flex_attention,
+    get_backend,
     plan_sdpa,
     prepare_attention,
     resolve_backend,
-    sdpa_attention,
     varlen_attention,
 )
+from pretrain.model.attention.sdpa import SdpaBackend
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADS, DIM = 2, 8
@@ -59,9 +63,8 @@ def cu_of(lengths):
 
 def run_backend(backend, q, k, v, lengths):
     meta = prepare_attention(backend, cu_of(lengths), np.asarray(lengths, dtype=np.int64), q.device)
-    if backend == "sdpa":
-        return sdpa_attention(q, k, v, meta.sdpa_plan)
-    return flex_attention(q, k, v, meta.block_mask, meta.compiled)
+    assert meta.backend is get_backend(backend)
+    return meta.attend(q, k, v)
 
 
 LAYOUTS = {
@@ -248,3 +251,64 @@ def test_gpu_check_skips_without_cuda(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "skipped: no CUDA" in result.stdout
     assert not output.exists()
+
+
+# ----------------------------------------------------------------------------------------- registry
+
+
+def test_schema_conf_and_registry_name_the_same_backends():
+    """A backend is one module + one REGISTRY line + conf/attn/<name>.yaml + the schema's enum value:
+    the schema sits below the model and cannot read the registry, so this keeps the lists in step."""
+    assert CHOICES == ("auto", "sdpa", "flex", "varlen")
+    assert {str(choice) for choice in AttnBackend} == set(CHOICES)
+    assert {p.stem for p in (ROOT / "conf" / "attn").glob("*.yaml")} == set(CHOICES)
+    for name, backend in REGISTRY.items():
+        assert isinstance(backend, AttentionBackend) and backend.name == name
+
+
+@pytest.mark.parametrize("name", ["sdpa", "flex", "varlen"])
+def test_each_backend_prepares_its_own_batch_metadata(name):
+    lengths = np.array([5, 0, 130, 7])
+    meta = prepare_attention(name, cu_of(lengths).long(), lengths, "cpu")
+    assert meta.backend is REGISTRY[name]
+    assert meta.cu_seqlens.dtype == torch.int32 and meta.cu_seqlens.tolist() == [0, 5, 5, 135, 142]
+    assert type(meta.max_seqlen) is int and meta.max_seqlen == 130
+    plan = {"sdpa": "SdpaPlan", "flex": "FlexPlan", "varlen": "NoneType"}[name]
+    assert type(meta.plan).__name__ == plan
+    if name == "flex":
+        assert meta.plan.compiled is False  # attn.compile=auto compiles on CUDA only
+        assert prepare_attention(name, cu_of(lengths), lengths, "cpu", attn_compile=True).plan.compiled
+
+
+def test_auto_and_unknown_names_are_not_backends():
+    with pytest.raises(ValueError, match="resolve attn=auto first"):
+        get_backend("auto")
+    with pytest.raises(ValueError, match="no attention backend 'flash'"):
+        prepare_attention("flash", cu_of([3]), np.array([3]), "cpu")
+
+
+def test_a_registered_backend_plugs_into_the_model(monkeypatch):
+    """Adding a backend needs no dispatch edit: the model asks the registry's object."""
+    from pretrain.data import collate_packed, split_tokens
+    from pretrain.model import GPT, GPTConfig
+
+    calls = []
+
+    class Recording(SdpaBackend):
+        name = "recording"
+
+        def attend(self, q, k, v, batch):
+            calls.append((q.shape[0], batch.max_seqlen, batch.backend.name))
+            return super().attend(q, k, v, batch)
+
+    monkeypatch.setitem(REGISTRY, "recording", Recording())
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=50, n_layer=2, n_head=2, d_model=16, max_seq_len=16)
+    model = GPT(config, attn="recording").double()
+    reference = GPT(config, attn="sdpa").double()
+    reference.load_state_dict(model.state_dict())
+    chunks = [c for i, n in enumerate([9, 4]) for c in split_tokens(f"d{i}", np.arange(n) % 50, 16)]
+    batch = collate_packed([chunks], capacity=32)
+    assert model.backend() == "recording"
+    assert torch.equal(model(batch), reference(batch))
+    assert calls == [(11, 8, "recording")] * 2  # one call per layer, with the batch's metadata

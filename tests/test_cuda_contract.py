@@ -201,7 +201,7 @@ def run(scenario, plant, batches):
             backend = A.check_backend("auto", CUDA0, dtype, training=True)
             assert backend == "varlen", backend
         meta = A.prepare_attention(backend, cu, lengths, CUDA0)
-        if not (meta.backend == "varlen" and meta.cu_seqlens.dtype == torch.int32):
+        if not (meta.backend.name == "varlen" and meta.cu_seqlens.dtype == torch.int32):
             raise AssertionError(f"builder made {meta.backend} with {meta.cu_seqlens.dtype} boundaries")
         if meta.cu_seqlens.device != CUDA0 or type(meta.max_seqlen) is not int:
             raise AssertionError(f"builder: {meta.cu_seqlens.device}, max {type(meta.max_seqlen)}")
@@ -435,7 +435,7 @@ def test_batch_level_varlen_metadata_is_int32_with_a_python_int_max():
         np.testing.assert_array_equal(segments, expected)
         for given in (batch.cu_seqlens, batch.cu_seqlens.long()):  # the builder casts int64 back
             meta = prepare_attention("varlen", given, segments, cpu)
-            assert meta.backend == "varlen"
+            assert meta.backend.name == "varlen"
             assert meta.cu_seqlens.dtype == torch.int32 and meta.cu_seqlens.device == cpu
             assert meta.cu_seqlens.tolist() == [0, *np.cumsum(expected).tolist()]
             assert type(meta.max_seqlen) is int and meta.max_seqlen == int(expected.max())
@@ -449,17 +449,17 @@ cache_root = module_cache_root()  # one cache for the whole module
 
 def test_bf16_mixed_training_on_cpu_with_sdpa(cache_root, tmp_path, monkeypatch):
     from pretrain.config import load_config
-    from pretrain.model import attention as attention_module
+    from pretrain.model.attention import sdpa as sdpa_module
     from pretrain.training.run import train
 
     seen: list[tuple] = []
-    real_sdpa = attention_module.sdpa_attention
+    real_sdpa = sdpa_module.sdpa_attention
 
     def recording_sdpa(q, k, v, plan):
         seen.append((q.dtype, torch.is_autocast_enabled("cpu"), torch.is_grad_enabled()))
         return real_sdpa(q, k, v, plan)
 
-    monkeypatch.setattr(attention_module, "sdpa_attention", recording_sdpa)
+    monkeypatch.setattr(sdpa_module, "sdpa_attention", recording_sdpa)
     out = tmp_path / "run"
     # bf16 matmuls are slow on CPUs without bf16 units: a smaller tiny model and short rows keep it ~10 s.
     summary = train(

@@ -219,6 +219,18 @@ class ModelConfig:
     extend_positions: bool = False
     """init_from: allow data.max_seq_len past its position table (extra positions start fresh)"""
 
+    def __post_init__(self) -> None:
+        # The one place for the model's range errors (GPTConfig only asserts them as invariants).
+        for key in ("n_layer", "n_head", "d_model", "vocab_size"):
+            _at_least(f"model.{key}", getattr(self, key), 1)
+        if _is_set(self.d_model) and _is_set(self.n_head) and self.d_model % self.n_head:
+            raise ConfigError(
+                f"model.d_model={self.d_model} must be divisible by model.n_head={self.n_head}: "
+                "each head gets d_model / n_head channels"
+            )
+        if _is_set(self.dropout) and not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout={self.dropout!r} must be in [0, 1)")
+
 
 @dataclass
 class TrainerConfig:

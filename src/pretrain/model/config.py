@@ -1,11 +1,12 @@
-"""GPT-2 shapes, validated. The named sizes (tiny, gpt2-small, gpt2-medium) are conf/model/*.yaml;
-the run's entry builds a GPTConfig from the typed `model` group with `from_settings`."""
+"""GPT-2 shapes. The named sizes (tiny, gpt2-small, gpt2-medium) are conf/model/*.yaml; the run's
+entry builds a GPTConfig from the typed `model` group with `from_settings`.
+
+The user-facing range checks are the schema's (pretrain.config.ModelConfig); here the same invariants
+are asserted as programming errors (ValueError), for a GPTConfig built in code or from a checkpoint."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-
-from ..errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -19,16 +20,14 @@ class GPTConfig:
     bias: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"model.{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.n_head:
-            raise ConfigError(
-                f"model.d_model ({self.d_model}) must be divisible by model.n_head ({self.n_head})"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
+        sizes = {
+            name: getattr(self, name)
+            for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len")
+        }
+        if not all(isinstance(value, int) and value >= 1 for value in sizes.values()):
+            raise ValueError(f"GPTConfig sizes must be positive integers, got {sizes}")
+        if self.d_model % self.n_head or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig: d_model % n_head must be 0 and dropout in [0, 1), got {self}")
 
     @property
     def head_dim(self) -> int:

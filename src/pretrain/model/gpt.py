@@ -17,8 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.batch import PackedBatch
-from ..errors import ConfigError
-from .attention import CHOICES, AttentionBatch, attention, check_backend, prepare_attention
+from .attention import AttentionBackend, AttentionBatch, known_backend, select_backend
 from .config import GPTConfig
 from .loss import token_cross_entropy
 from .validation import check_batch
@@ -35,7 +34,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, meta: AttentionBatch) -> torch.Tensor:
         rows, width = x.shape
         q, k, v = self.c_attn(x).view(rows, 3, self.n_head, width // self.n_head).unbind(1)
-        y = attention(q, k, v, meta).reshape(rows, width)
+        y = meta.attend(q, k, v).reshape(rows, width)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -64,18 +63,15 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT-2 on PackedBatch. `attn` is `attn.backend`: `auto`, `sdpa`, `flex` or `varlen`
-    (attention.py); `attn_compile` is `attn.compile`: `auto` (compile flex_attention on CUDA only), True or
-    False. (Not `compile`: that is nn.Module's own method.)"""
+    """GPT-2 on PackedBatch. `attn` is `attn.backend`: `auto` or a backend of the registry (`sdpa`,
+    `flex`, `varlen`: model/attention/); `attn_compile` is `attn.compile`: `auto` (compile flex_attention
+    on CUDA only), True or False. (Not `compile`: that is nn.Module's own method.) Both were checked by
+    the schema; an unknown backend name here is a programming error (ValueError)."""
 
     def __init__(self, config: GPTConfig, attn: str = "sdpa", attn_compile: bool | str = "auto"):
         super().__init__()
-        if attn not in CHOICES:
-            raise ConfigError(f"attn.backend must be one of {', '.join(CHOICES)}; got {attn!r}")
-        if attn_compile not in ("auto", True, False):
-            raise ConfigError(f"attn.compile must be auto, true or false; got {attn_compile!r}")
         self.config = config
-        self.attn_backend = str(attn)
+        self.attn_backend = known_backend(str(attn))
         self.attn_compile = attn_compile
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.wpe = nn.Embedding(config.max_seq_len, config.d_model)
@@ -101,9 +97,13 @@ class GPT(nn.Module):
         return total - self.wpe.weight.numel() if exclude_position_embeddings else total
 
     def backend(self, device: torch.device | None = None) -> str:
-        """The concrete backend on `device` (default: where the model lives)."""
+        """The concrete backend's name on `device` (default: where the model lives)."""
+        return self._select_backend(device).name
+
+    def _select_backend(self, device: torch.device | None = None) -> AttentionBackend:
+        """The backend for this step, checked against the device, compute dtype and training mode."""
         device = self.wte.weight.device if device is None else torch.device(device)
-        return check_backend(self.attn_backend, device, self._compute_dtype(device), self._training_step())
+        return select_backend(self.attn_backend, device, self._compute_dtype(device), self._training_step())
 
     def _compute_dtype(self, device: torch.device) -> torch.dtype:
         if device.type in ("cuda", "cpu") and torch.is_autocast_enabled(device.type):
@@ -116,9 +116,9 @@ class GPT(nn.Module):
     def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
         """(T, d_model) output of the final LayerNorm, one row per input row."""
         device = self.wte.weight.device
-        backend = self.backend(device)  # before any compute: a backend that cannot run fails here
+        backend = self._select_backend(device)  # before any compute: a backend that cannot run fails here
         lengths = check_batch(batch, self.config.max_seq_len)
-        meta = prepare_attention(backend, batch.cu_seqlens, lengths, device, self.attn_compile)
+        meta = backend.prepare(batch.cu_seqlens, lengths, device, self.attn_compile)
         input_ids = batch.input_ids.to(device, non_blocking=True)
         position_ids = batch.position_ids.to(device, non_blocking=True)
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
