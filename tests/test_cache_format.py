@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 
 from pretrain.cli import main as cli_main
 from pretrain.data import cache as cache_module
+from pretrain.data import index as index_module
 from pretrain.data.cache import CacheError, disk_bytes, identity_key, manifest_checksum
 from pretrain.data.evaluation import evaluation_batches, evaluation_chunks
 from pretrain.data.samplers import build_sampler
@@ -211,7 +212,11 @@ def test_write_many_writes_the_bytes_of_write(tmp_path_factory, lengths, cuts, d
 
 def test_a_split_loads_without_parsing_json_and_ids_stay_lazy(caches):
     cache = caches["uint16"]
-    with mock.patch.object(cache_module, "read_index", side_effect=AssertionError("parsed the JSONL")):
+    parsed = AssertionError("parsed the JSONL")
+    with (
+        mock.patch.object(cache_module, "read_index", side_effect=parsed),
+        mock.patch.object(index_module, "read_index", side_effect=parsed),  # what DocumentIds reads with
+    ):
         with mock.patch("json.loads", side_effect=AssertionError("parsed JSON")):
             train = cache.split("train")
             sampler = build_sampler(policy_cfg("bestfit", "data.max_seq_len=64"), train)

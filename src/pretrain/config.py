@@ -34,9 +34,8 @@ from .data.policies import DataConfig as DataConfig
 from .data.policies import PadTo as PadTo
 from .data.policies import Policy as Policy
 from .data.policies import Strategy as Strategy
-from .data.split import DEFAULT_SPLIT_SEED, DEFAULT_VALIDATION_FRACTION
-from .data.tokens import GPT2_VOCAB_SIZE
 from .errors import ConfigError
+from .gpt2 import GPT2_VOCAB_SIZE
 
 CONFIG_NAME = "train"
 SCHEMA_NAME = "pretrain_schema"
@@ -120,6 +119,11 @@ class TokenizerConfig:
     """source=files: encoder.json / vocab.json"""
     merges_file: str | None = None
     """source=files: vocab.bpe / merges.txt"""
+
+
+# The split's defaults are the schema's; data/split.py reads them from here (config sits below data).
+DEFAULT_SPLIT_SEED = 20261003
+DEFAULT_VALIDATION_FRACTION = 0.05
 
 
 @dataclass

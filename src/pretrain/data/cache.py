@@ -42,6 +42,7 @@ from .files import (
     writable_dir,
     write_json_atomic,
 )
+from .index import REBUILD_HINT, read_index, read_index_array
 from .sources import source_identity
 from .tokenizer import TokenizerFiles, resolve_files
 from .tokens import EOS_TOKEN_ID, DocumentIds, TokenSplit
@@ -54,7 +55,6 @@ FORMAT_VERSION = 2  # 2: token_dtype (uint16|uint32), <split>.index.npy
 SPLITS = ("train", "validation")
 MANIFEST = "manifest.json"
 RECORD = ".verified.json"  # the verified record inside a writable cache directory
-REBUILD_HINT = "rebuild it with cache.rebuild=true (or delete the directory)"
 UINT16_IDS = 1 << 16
 
 
@@ -206,39 +206,6 @@ def write_manifest(directory: Path, manifest: dict) -> None:
         handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def read_index(path: Path) -> tuple[tuple[str, ...], np.ndarray, np.ndarray]:
-    """(ids, offsets, lengths) of a `.jsonl` index, parsed with pyarrow (fast for millions of lines)."""
-    if path.stat().st_size == 0:
-        return (), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    import pyarrow.json as pajson
-
-    try:
-        table = pajson.read_json(path)
-    except Exception as error:  # pyarrow's ArrowInvalid: not JSON lines
-        raise CacheError(f"{path} is not a valid JSON lines index ({error}); {REBUILD_HINT}") from error
-    missing = {"id", "offset", "length"} - set(table.column_names)
-    if missing:
-        raise CacheError(f"{path} lacks the fields {sorted(missing)}; {REBUILD_HINT}")
-    ids = tuple(table.column("id").to_pylist())
-    offsets = table.column("offset").to_numpy().astype(np.int64)
-    lengths = table.column("length").to_numpy().astype(np.int64)
-    return ids, offsets, lengths
-
-
-def read_index_array(path: Path, documents: int, mmap: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, lengths) from `<split>.index.npy` (int64, shape (2, documents)): no JSON, no Python
-    object per document; memory-mapped, so ranks share the pages."""
-    try:
-        table = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise CacheError(f"{path} cannot be read as an index array ({error}); {REBUILD_HINT}") from error
-    if table.dtype != np.dtype("<i8") or table.shape != (2, documents):
-        raise CacheError(
-            f"{path} holds {table.dtype} {table.shape}, expected int64 (2, {documents}); {REBUILD_HINT}"
-        )
-    return np.asarray(table[0]), np.asarray(table[1])
 
 
 def disk_bytes(directory: Path | str) -> int:

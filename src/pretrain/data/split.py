@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-DEFAULT_SPLIT_SEED = 20261003
-DEFAULT_VALIDATION_FRACTION = 0.05
+from ..config import DEFAULT_SPLIT_SEED, DEFAULT_VALIDATION_FRACTION
 
 
 def document_id(text: str) -> str:

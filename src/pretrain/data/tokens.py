@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 
 from ..arrays import prefix_sums
+from ..errors import CacheError
+from ..gpt2 import EOS_TOKEN_ID, GPT2_VOCAB_SIZE
+from . import index
 
-# GPT-2's facts, defined once: `<|endoftext|>` closes every cached document, and the vocabulary size.
-EOS_TOKEN_ID = 50256
-GPT2_VOCAB_SIZE = 50257
+__all__ = ["EOS_TOKEN_ID", "GPT2_VOCAB_SIZE", "DocumentIds", "TokenSplit"]  # the GPT-2 ids: pretrain.gpt2
 
 
 class DocumentIds(Sequence[str]):
@@ -30,12 +31,8 @@ class DocumentIds(Sequence[str]):
     def _load(self) -> tuple[str, ...]:
         with self._lock:
             if self._ids is None:
-                from .cache import read_index
-
-                ids = read_index(self.path)[0]
+                ids = index.read_index(self.path)[0]
                 if len(ids) != self._count:
-                    from ..errors import CacheError
-
                     raise CacheError(
                         f"{self.path} has {len(ids)} documents, the split has {self._count}; "
                         "rebuild it with cache.rebuild=true"
