@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from pretrain.data import prepare as prepare_module
 from pretrain.data.build import executors
 from pretrain.data.build.executors import BATCH_CHARS
-from pretrain.data.cache import CacheError, identity_key, open_cache, verify_cache
+from pretrain.data.cache import CacheError, identity_differences, identity_key, open_cache, verify_cache
 from pretrain.data.sources import Document, SourceError
 from pretrain.data.tokenizer import bundled_files
 
@@ -518,6 +518,38 @@ def test_identity_changes_give_a_new_directory(make_cfg, cache_root, change):
     assert other.directory.name != base_key
     assert other.directory.parent == cache_root.resolve()
     assert not (cache_root / base_key).exists()
+
+
+def test_an_identity_mismatch_names_only_the_keys_that_differ(make_cfg):
+    cache = prepare(make_cfg(), progress=False)
+    asked = json.loads(json.dumps(cache.manifest["identity"]))
+    seed = asked["split"]["seed"]
+    asked["split"]["seed"] = seed + 1
+    asked["tokenizer"]["revision"] = "0" * 40
+    with pytest.raises(CacheError) as info:
+        verify_cache(cache.directory, asked)
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 400, message
+    revision = cache.manifest["identity"]["tokenizer"]["revision"]
+    assert f'(cache -> config: tokenizer.revision: "{revision}" -> "{"0" * 40}", ' in message
+    assert f"split.seed: {seed} -> {seed + 1}); " in message
+    for unchanged in ("budget", "content_sha256", "eos_token_id", "source"):
+        assert unchanged not in message, message
+    assert message.endswith("rebuild it with cache.rebuild=true (or delete the directory)")
+
+
+def test_identity_differences_walk_nested_entries_and_lists():
+    old = {"source": {"files": [{"sha256": "a" * 64}], "kind": "local"}, "dtype": "uint16"}
+    new = {"source": {"files": [{"sha256": "b" * 64}, {"sha256": "c"}], "kind": "local"}, "budget": 5}
+    assert identity_differences(old, new) == [
+        f'source.files[0].sha256: "{"a" * 64}" -> "{"b" * 64}"',
+        'dtype: "uint16" -> absent',
+        'source.files[1].sha256: absent -> "c"',
+        "budget: absent -> 5",
+    ]
+    assert identity_differences(old, old) == []
+    # A long value is cut (72 characters with the ellipsis); a sha256 above stayed whole.
+    assert identity_differences({"path": "x" * 200}, {"path": "y"}) == ['path: "' + "x" * 70 + '… -> "y"']
 
 
 def test_seed_change_changes_the_split(make_cfg, corpus_texts):

@@ -175,6 +175,41 @@ def canonical_json(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def _leaves(value, key: str = "") -> dict[str, object]:
+    """`{"a": {"b": 1}, "c": [x, y]}` -> `{"a.b": 1, "c[0]": x, "c[1]": y}`."""
+    if isinstance(value, dict) and value:
+        return {
+            k: v
+            for name, item in value.items()
+            for k, v in _leaves(item, f"{key}.{name}" if key else name).items()
+        }
+    if isinstance(value, list) and value:
+        return {k: v for i, item in enumerate(value) for k, v in _leaves(item, f"{key}[{i}]").items()}
+    return {key: value}
+
+
+ABSENT = object()
+SHOWN_CHARS = 72
+"""A value in an identity difference is cut here (a sha256 stays whole)."""
+
+
+def identity_differences(old, new) -> list[str]:
+    """Only the identity entries that differ, `key: old -> new` (JSON values, `absent` for a key one
+    side lacks): what a mismatch error names instead of two whole identities."""
+
+    def shown(value) -> str:
+        text = "absent" if value is ABSENT else json.dumps(value, sort_keys=True)
+        return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+
+    before, after = _leaves(old), _leaves(new)
+    keys = [*before, *(k for k in after if k not in before)]
+    return [
+        f"{key or 'identity'}: {shown(before.get(key, ABSENT))} -> {shown(after.get(key, ABSENT))}"
+        for key in keys
+        if before.get(key, ABSENT) != after.get(key, ABSENT)
+    ]
+
+
 def identity_key(identity: dict) -> str:
     return hashlib.sha256(canonical_json(identity).encode()).hexdigest()[:20]
 
@@ -274,10 +309,10 @@ def read_manifest(directory: Path, identity: dict | None = None) -> dict:
             f"{FORMAT_VERSION} (uint16/uint32 tokens and binary indexes); {REBUILD_HINT}"
         )
     if identity is not None and manifest.get("identity") != identity:
+        changes = ", ".join(identity_differences(manifest.get("identity"), identity))
         raise CacheError(
-            f"{manifest_path} describes another cache identity than the config asks for "
-            f"(cache: {canonical_json(manifest.get('identity'))}, config: {canonical_json(identity)}); "
-            f"{REBUILD_HINT}"
+            f"{manifest_path} was built for another cache identity than the config asks for "
+            f"(cache -> config: {changes}); {REBUILD_HINT}"
         )
     try:
         if (
