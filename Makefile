@@ -33,6 +33,7 @@ lint: install
 	$(VENV)/bin/ruff format --check src tests bench scripts train.py
 	$(VENV)/bin/ruff check src tests bench scripts train.py
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 train: install
 	$(PY) train.py

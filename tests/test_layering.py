@@ -1,0 +1,48 @@
+"""The package's layering (pyproject's [tool.importlinter] contracts) holds, and would catch a breach."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+pytestmark = pytest.mark.skipif(
+    not LINT_IMPORTS.exists(), reason="import-linter is not installed (dev extra)"
+)
+
+
+def lint_imports(src: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_contracts_are_kept():
+    result = lint_imports(ROOT / "src", ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 2 kept, 0 broken." in result.stdout
+
+
+def test_an_upward_import_and_a_cycle_break_the_contracts(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "src" / "pretrain", src / "pretrain", ignore=shutil.ignore_patterns("__pycache__"))
+    # data importing training: upward across layers, and a cycle between the two subpackages.
+    (src / "pretrain" / "data" / "upward.py").write_text("from ..training import run\n")
+    result = lint_imports(src, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Contracts: 0 kept, 2 broken." in result.stdout
+    assert "pretrain.data.upward -> pretrain.training.run" in result.stdout
