@@ -266,6 +266,27 @@ def test_attn_configs_and_the_model_follow_data_max_seq_len():
     assert model.config == GPTConfig(vocab_size=50257, n_layer=4, n_head=4, d_model=128, max_seq_len=64)
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.n_head=3", "model.d_model=128 must be divisible by model.n_head=3"),
+        ("model.n_layer=0", "model.n_layer=0 must be >= 1"),
+        ("model.dropout=1.0", r"model.dropout=1.0 must be in \[0, 1\)"),
+    ],
+)
+def test_model_range_errors_come_from_the_schema_and_the_model_asserts_them(override, message):
+    from pretrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        to_config(load_config(["model=tiny", override]))
+    key, value = override.removeprefix("model.").split("=")
+    shapes = dict(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=128, max_seq_len=MAX_LEN)
+    shapes[key] = float(value) if key == "dropout" else int(value)
+    with pytest.raises(ValueError, match="GPTConfig") as info:
+        GPTConfig(**shapes)  # built in code: a programming error, not a user-facing one
+    assert not isinstance(info.value, ConfigError)
+
+
 def test_gpt2_initialisation():
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=5000, n_layer=8, n_head=4, d_model=128, max_seq_len=256)
@@ -302,7 +323,7 @@ class _LargestLogits(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def gpt2_vocab_model(max_seq_len=1024):
-    from pretrain.data.tokens import GPT2_VOCAB_SIZE
+    from pretrain.gpt2 import GPT2_VOCAB_SIZE
 
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=GPT2_VOCAB_SIZE, n_layer=1, n_head=2, d_model=16, max_seq_len=max_seq_len)
@@ -331,8 +352,8 @@ def test_largest_logits_of_an_8192_token_validation_batch_are_bounded_by_the_chu
     from conftest import policy_cfg
 
     from pretrain.data.evaluation import evaluation_batches
-    from pretrain.data.tokens import GPT2_VOCAB_SIZE
     from pretrain.evaluate import evaluate
+    from pretrain.gpt2 import GPT2_VOCAB_SIZE
     from pretrain.model import loss as loss_module
 
     model = gpt2_vocab_model()
