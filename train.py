@@ -1,18 +1,36 @@
 """Train a GPT on the token cache: python train.py [Hydra overrides], e.g. data=padded attn=sdpa."""
 
-import hydra
-from omegaconf import DictConfig
+from pretrain.training.preemption import Interrupted, install_early
 
-from pretrain.config import register_schema
-from pretrain.training.rundir import register_run_dir_resolver
+SIGNALS = install_early()  # SIGTERM, SIGUSR1, Ctrl-C end the run as a preemption from this line on
+
+import sys  # noqa: E402
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from pretrain.config import register_schema  # noqa: E402
+from pretrain.errors import exit_on_user_error  # noqa: E402
+from pretrain.training.rundir import register_run_dir_resolver  # noqa: E402
 
 register_schema()  # conf/train.yaml is typed by pretrain.config's schema
 register_run_dir_resolver()  # ${pretrain.run_dir:...}: SLURM job directories, unique ones elsewhere
 
 
+def check_overrides(argv: list[str]) -> None:
+    """Compose and type-check the overrides before Hydra starts: a bad override, an unknown key or
+    option, or a value out of range is one `error:` line with exit 2, and no run directory is made.
+    (Hydra's own flags and sweeps, `-m a=1,2`, are left to Hydra.)"""
+    if any(arg.startswith("-") for arg in argv):
+        return
+    from pretrain.config import load_config, to_config
+
+    with exit_on_user_error():
+        to_config(load_config(argv))
+
+
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from pretrain.errors import exit_on_user_error
     from pretrain.training.run import train
 
     with exit_on_user_error():
@@ -22,4 +40,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        check_overrides(sys.argv[1:])
+        main()
+    except Interrupted as interrupted:  # a signal before training started, or a second Ctrl-C
+        sys.stderr.flush()
+        raise SystemExit(interrupted.exit_code) from None

@@ -304,7 +304,7 @@ def test_under_slurm_lightning_neither_requeues_nor_handles_the_signals(tmp_path
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
     from pretrain.config import to_config
-    from pretrain.training.checkpoints import VerifiedCheckpointIO
+    from pretrain.training.checkpoint_io import VerifiedCheckpointIO
     from pretrain.training.run import build_trainer
 
     slurm = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "pretrain", "SLURM_JOB_ID": "77", "SLURM_PROCID": "0"}

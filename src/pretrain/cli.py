@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -122,10 +123,38 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_output_file(output: str) -> Path:
+    """An `output=FILE` checked before the work that fills it: its folder exists (or can be made) and
+    is writable, and it is not a directory."""
+    path = Path(output).resolve()
+    if path.is_dir():
+        raise ConfigError(f"output={output} is a directory: give a file name, e.g. output={output}/eval.json")
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"output={output}: cannot create {folder} ({error.strerror or error})") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"output={output}: {folder} is not writable; pick another output=FILE")
+    return path
+
+
+def _write_output(path: Path, text: str) -> None:
+    from .fileio import write_text_atomic
+
+    try:
+        write_text_atomic(path, text)
+    except OSError as error:
+        raise ConfigError(
+            f"could not write {path}: {error.strerror or error}; free disk space or pick another output=FILE"
+        ) from None
+
+
 def cmd_eval(checkpoint: str, overrides: list[str]) -> int:
     from .evaluate import evaluate_checkpoint
 
     output, overrides = _split_option(overrides, "output")
+    path = _check_output_file(output) if output else None  # before minutes of evaluation
     result = evaluate_checkpoint(checkpoint, overrides)
     table = Table(title=f"eval: {checkpoint} (step {result['step']}, policy {result['policy']})")
     table.add_column("statistic")
@@ -134,11 +163,9 @@ def cmd_eval(checkpoint: str, overrides: list[str]) -> int:
         value = result[key]
         table.add_row(key, f"{value:,.4f}" if isinstance(value, float) else f"{value:,}")
     Console().print(table)
-    if output:
-        path = Path(output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(path.resolve())
+    if path is not None:
+        _write_output(path, json.dumps(result, indent=2) + "\n")
+        print(path)
     return 0
 
 

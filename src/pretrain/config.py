@@ -91,6 +91,25 @@ def _at_least(key: str, value: Any, low: float) -> None:
         raise ConfigError(f"{key}={value!r} must be >= {low}")
 
 
+def _within(key: str, value: Any, low: float, high: float, why: str = "") -> None:
+    """`low <= value <= high`, or a ConfigError giving the range (and why, when it is not obvious)."""
+    if _is_set(value) and not low <= value <= high:
+        raise ConfigError(f"{key}={value!r} must be in [{low}, {high}]{f' ({why})' if why else ''}")
+
+
+def _valid_devices(devices: Any) -> bool:
+    """Lightning's `devices`: a count >= 1, -1 (all), "auto", or a non-empty list of indices."""
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        return devices >= 1 or devices == -1
+    return devices == "auto" or (isinstance(devices, list | tuple) and len(devices) > 0)
+
+
+SEED_RANGE = (0, 2**32 - 1)
+"""numpy's and Lightning's seed range."""
+
+
 @dataclass
 class SourceConfig:
     kind: SourceKind = MISSING
@@ -225,7 +244,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         # The one place for the model's range errors (GPTConfig only asserts them as invariants).
-        for key in ("n_layer", "n_head", "d_model", "vocab_size"):
+        for key in ("n_layer", "n_head", "d_model"):
             _at_least(f"model.{key}", getattr(self, key), 1)
         if _is_set(self.d_model) and _is_set(self.n_head) and self.d_model % self.n_head:
             raise ConfigError(
@@ -234,6 +253,11 @@ class ModelConfig:
             )
         if _is_set(self.dropout) and not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout!r} must be in [0, 1)")
+        if _is_set(self.vocab_size) and self.vocab_size < GPT2_VOCAB_SIZE:
+            raise ConfigError(
+                f"model.vocab_size={self.vocab_size!r} must be >= {GPT2_VOCAB_SIZE}: the GPT-2 tokenizer's "
+                f"ids go up to {GPT2_VOCAB_SIZE - 1} (a larger value pads the embedding, e.g. 50304)"
+            )
 
 
 @dataclass
@@ -251,6 +275,18 @@ class TrainerConfig:
     peak_tflops: float | None = None
     """one device's peak TFLOP/s for train/mfu; null = looked up for known GPUs (no MFU on CPU)"""
 
+    def __post_init__(self) -> None:
+        devices = self.devices
+        valid = _valid_devices(devices)
+        if _is_set(devices) and not valid:
+            raise ConfigError(
+                f"trainer.devices={devices!r} must be a count >= 1, -1 (all), auto or a list of device "
+                "indices, e.g. trainer.devices=1"
+            )
+        _at_least("trainer.num_nodes", self.num_nodes, 1)
+        if _is_set(self.peak_tflops) and self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ConfigError(f"trainer.peak_tflops={self.peak_tflops!r} must be > 0 (or null)")
+
 
 @dataclass
 class LoggerConfig:
@@ -266,6 +302,10 @@ class LoggerConfig:
     """extra W&B tags (policy, attn and model are always added)"""
     mode: str | None = None
     """online, offline or disabled; null = offline without an API key"""
+
+    def __post_init__(self) -> None:
+        if self.mode not in (None, "online", "offline", "disabled") and _is_set(self.mode):
+            raise ConfigError(f"logger.mode={self.mode!r} must be online, offline, disabled or null")
 
 
 @dataclass
@@ -316,10 +356,31 @@ class TrainConfig:
             "log_every_n_steps",
         ):
             _at_least(f"train.{key}", getattr(self, key), 1)
+        for key in (
+            "batch_size",
+            "microbatch_tokens",
+            "packing_buffer",
+            "accumulation",
+            "eval_microbatch_tokens",
+        ):
+            _at_least(f"train.{key}", getattr(self, key), 1)
+        _at_least("train.val_batches", self.val_batches, 1)
         _at_least("train.warmup_steps", self.warmup_steps, 0)
         self._check_batching()
         if _is_set(self.lr) and not self.lr > 0:
             raise ConfigError(f"train.lr={self.lr!r} must be > 0")
+        _within("train.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0, "the final learning rate / the peak")
+        _at_least("train.weight_decay", self.weight_decay, 0.0)
+        if _is_set(self.grad_clip) and self.grad_clip is not None and not self.grad_clip > 0:
+            raise ConfigError(f"train.grad_clip={self.grad_clip!r} must be > 0, or null for no clipping")
+        if _is_set(self.warmup_steps) and _is_set(self.max_steps) and self.warmup_steps > self.max_steps:
+            raise ConfigError(
+                f"train.warmup_steps={self.warmup_steps} must be <= train.max_steps={self.max_steps} "
+                "(the learning rate would never reach its peak)"
+            )
+        betas = self.betas
+        if _is_set(betas) and (len(betas) != 2 or not all(_is_set(b) and 0.0 <= b < 1.0 for b in betas)):
+            raise ConfigError(f"train.betas={list(betas)!r} must be two numbers in [0, 1), e.g. [0.9,0.95]")
 
     def _check_batching(self) -> None:
         """How microbatches are sized (the data path's knobs of this group), checked once here."""
@@ -383,6 +444,16 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if _is_set(self.seed) and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ConfigError(f"seed={self.seed!r} must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
+        tokens, length = self.train.microbatch_tokens, self.data.max_seq_len
+        if _is_set(tokens) and tokens is not None and _is_set(length) and tokens < length:
+            raise ConfigError(
+                f"train.microbatch_tokens={tokens} is less than one row of data.max_seq_len={length}: set "
+                f"train.microbatch_tokens>={length}, or train.batch_size instead"
+            )
 
 
 # --- Hydra ----------------------------------------------------------------------------------------

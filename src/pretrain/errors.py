@@ -45,12 +45,19 @@ def one_line_errors() -> tuple[type[BaseException], ...]:
 
 
 def describe(error: BaseException) -> str:
-    """The error's message; Hydra's "Error merging override k=v" also gets its cause's first line."""
+    """The error's message in one line; Hydra's "Error merging override k=v" also gets its cause's
+    first line, and an unknown group option (`data=foo`) lists the options."""
+    options = getattr(error, "options", None)
+    missing = getattr(error, "missing_cfg_file", None)
+    if options and missing and "/" in str(missing):
+        group, _, option = str(missing).rpartition("/")
+        return f"{group}={option}: no such option; choose one of {', '.join(sorted(options))}"
     message = str(error).strip()
     cause = error.__cause__
     if cause is not None and str(cause).strip() and str(cause).strip() not in message:
         message += f": {str(cause).strip().splitlines()[0]}"
-    return message
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return " ".join(lines)
 
 
 @contextmanager

@@ -9,7 +9,9 @@ the same for every `data.policy`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -17,14 +19,15 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .config import Config, config_dir, to_config, upgrade_run_config, with_group_option
+from .data.batch import PackedBatch
 from .data.cache import CacheSpec
-from .data.evaluation import document_bytes, evaluation_batches
-from .data.policies import PolicySettings
+from .data.evaluation import document_bytes, evaluation_batches, evaluation_units
+from .data.policies import PolicySettings, split_chunks
 from .data.prepare import prepare_cache
 from .data.tokenizer import token_byte_lengths
 from .data.tokens import TokenSplit
 from .errors import CheckpointError, ConfigError
-from .hf import load_checkpoint, model_weights
+from .hf import model_weights
 from .model import GPT, GPTConfig
 from .model.attention import check_backend
 
@@ -40,28 +43,82 @@ class Evaluation:
     bytes: int
 
 
-@torch.no_grad()
-def evaluate(model: GPT, split: TokenSplit, settings: PolicySettings, token_bytes) -> Evaluation:
-    """Score every prediction pair of `split` (float64 sums, whatever the model's dtype)."""
+class ScoringProgress:
+    """A line on stderr every `every` seconds while batches are scored (`label: 12/40 batches, 10 s`),
+    and one at the end when any was printed: a long validation or eval is never silent."""
+
+    def __init__(self, label: str, total: int | None = None, every: float = 5.0, stream=None):
+        self.label, self.total, self.every = label, total, every
+        self.stream = stream
+        self.started = time.perf_counter()
+        self.next_line = self.started + every
+        self.printed = False
+
+    def _say(self, done: int) -> None:
+        of = f"/{self.total}" if self.total is not None else ""
+        seconds = time.perf_counter() - self.started
+        print(
+            f"{self.label}: {done}{of} batches, {seconds:.0f} s", file=self.stream or sys.stderr, flush=True
+        )
+        self.printed = True
+
+    def update(self, done: int) -> None:
+        if time.perf_counter() >= self.next_line:
+            self._say(done)
+            self.next_line = time.perf_counter() + self.every
+
+    def close(self, done: int) -> None:
+        if self.printed:
+            self._say(done)
+
+
+def score_batches(
+    model: GPT, batches: Iterable[PackedBatch], device: torch.device, progress: ScoringProgress | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one scoring loop (training's val/loss and `pretrain eval`): the summed cross-entropy of
+    every counted target of `batches` and their count, both float64 on `device` (each batch's sum
+    is taken in the model's dtype, then accumulated in float64). The model is scored in eval mode
+    and left in the mode it was in."""
     was_training = model.training
     model.eval()
-    device = model.wte.weight.device
     nats = torch.zeros((), dtype=torch.float64, device=device)
-    targets = 0
-    for batch in evaluation_batches(settings, split):
-        nats += model.token_losses(batch.to(device)).double().sum()
-        targets += batch.num_targets
-    model.train(was_training)
-    total = float(nats)
+    targets = torch.zeros((), dtype=torch.float64, device=device)
+    done = 0
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                nats += model.token_losses(batch.to(device)).sum().double()
+                targets += float(batch.num_targets)
+                done += 1
+                if progress is not None:
+                    progress.update(done)
+    finally:
+        model.train(was_training)
+    if progress is not None:
+        progress.close(done)
+    return nats, targets
+
+
+def evaluate(
+    model: GPT, split: TokenSplit, settings: PolicySettings, token_bytes, progress: bool = False
+) -> Evaluation:
+    """Score every prediction pair of `split` (float64 sums, whatever the model's dtype)."""
+    device = model.wte.weight.device
+    table = split_chunks(split, settings.max_seq_len)
+    units = evaluation_units(settings, table)
+    total = -(-(len(units[1]) - 1) // settings.eval_batch_size)
+    ticker = ScoringProgress("eval", total) if progress else None
+    nats, counted = score_batches(model, evaluation_batches(settings, split, table, units), device, ticker)
+    total_nats, targets = float(nats), int(counted)
     size = document_bytes(split, token_bytes)
-    loss = total / targets if targets else math.nan
+    loss = total_nats / targets if targets else math.nan
     return Evaluation(
         loss=loss,
         perplexity=math.exp(loss) if targets else math.nan,
-        bits_per_byte=total / math.log(2) / size if size else math.nan,
+        bits_per_byte=total_nats / math.log(2) / size if size else math.nan,
         targets=targets,
         documents=len(split),
-        nats=total,
+        nats=total_nats,
         bytes=size,
     )
 
@@ -93,7 +150,9 @@ def saved_config(checkpoint: dict, overrides: Sequence[str] = ()) -> Config:
 
 def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict:
     """The `pretrain eval` result: loss, perplexity, bits_per_byte, targets, documents, step."""
-    checkpoint = load_checkpoint(path)
+    from .training.checkpoints import load_trainer_checkpoint
+
+    checkpoint = load_trainer_checkpoint(path)  # its record compared first, then weights_only
     config = saved_config(checkpoint, overrides)
     settings = PolicySettings.from_config(config.data, config.train, config.seed)
     gpt_config = GPTConfig(**checkpoint["hyper_parameters"]["model"])
@@ -111,5 +170,10 @@ def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict
     cache = prepare_cache(spec)
     token_bytes = token_byte_lengths(spec.tokenizer_files, gpt_config.vocab_size)
     with torch.autocast(device.type, dtype=dtype, enabled=cuda):
-        result = evaluate(model.to(device), cache.split("validation"), settings, token_bytes)
+        result = evaluate(model.to(device), cache.split("validation"), settings, token_bytes, progress=True)
+    if not result.targets:
+        raise ConfigError(
+            f"the validation split of {cache.directory} has no prediction pairs, so there is nothing to "
+            "evaluate: build the cache with split.validation_fraction>0"
+        )
     return {**asdict(result), "step": int(checkpoint.get("global_step", 0)), "policy": settings.policy}

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -65,23 +66,6 @@ def from_hf_state_dict(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Ten
 
 
 # --- export -------------------------------------------------------------------------------------
-
-
-def load_checkpoint(path: Path | str) -> dict:
-    """A Lightning checkpoint of this project, or a CheckpointError naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path} does not exist (give a .ckpt file written by python train.py)")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:  # truncated, empty, not a checkpoint
-        raise CheckpointError(
-            f"{path} cannot be read as a checkpoint ({type(error).__name__}: {error})"
-        ) from error
-    hparams = checkpoint.get("hyper_parameters", {}) if isinstance(checkpoint, dict) else {}
-    if "model" not in hparams or "state_dict" not in checkpoint:
-        raise CheckpointError(f"{path} is not a checkpoint of python train.py (no model hyper-parameters)")
-    return checkpoint
 
 
 def model_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
@@ -164,36 +148,76 @@ def _write_tokenizer(directory: Path, hparams: dict, max_length: int) -> None:
     (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
+def check_export_output(output: Path | str) -> Path:
+    """`--output` must be a new (or empty) directory whose parent can be written: checked before the
+    checkpoint is loaded, so a wrong path costs nothing."""
+    output = Path(output).resolve()
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ConfigError(f"--output {output} exists and is not an empty directory: pick a new one")
+    parent = output.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--output {output}: its folder {parent} does not exist; create it or pick another")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output {output}: {parent} is not writable; pick a folder you can write")
+    return output
+
+
 def export(checkpoint_path: Path | str, output: Path | str) -> Path:
-    """Write `output` as a Hugging Face GPT-2 directory; built beside it and renamed into place."""
+    """Write `output` as a Hugging Face GPT-2 directory; built beside it and renamed into place, so a
+    failure (a full disk, a permission) leaves nothing behind."""
+    from .training.checkpoints import load_trainer_checkpoint
+
+    output = check_export_output(output)
     try:
         from safetensors.torch import save_file
         from transformers import GPT2Config
     except ImportError as error:
         raise _missing_extra(error) from error
-    checkpoint = load_checkpoint(checkpoint_path)
+    checkpoint = load_trainer_checkpoint(checkpoint_path)
     hparams = checkpoint["hyper_parameters"]
     model = GPTConfig(**hparams["model"])
     config = gpt2_config(model)
-    output = Path(output).resolve()
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
-        raise ConfigError(f"--output {output} exists and is not an empty directory: pick a new one")
     weights = to_hf_state_dict(model_weights(checkpoint))
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    remove_stale_dirs(output.parent)
+    tmp = output.with_name(f".{output.name}.{os.getpid()}.export")
     try:
+        tmp.mkdir()
         GPT2Config(**config, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp)
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        os.chmod(tmp / "model.safetensors", 0o644)  # safetensors creates it 0600; the others are 0644
         _write_tokenizer(tmp, hparams, model.max_seq_len)
         (tmp / "README.md").write_text(_model_card(checkpoint, hparams))
         if output.exists():
             output.rmdir()
         os.rename(tmp, output)
+    except OSError as error:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ConfigError(
+            f"could not write the export to {output}: {error.strerror or error}; free disk space or pick "
+            "another --output (nothing was left behind)"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output
+
+
+def remove_stale_dirs(folder: Path) -> None:
+    """Delete the staging directories of exports killed mid-write (their process is gone)."""
+    for entry in folder.glob(".*.export"):
+        pid = entry.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # --- import (model.init_from) -------------------------------------------------------------------
@@ -205,7 +229,15 @@ def read_hf_config(directory: Path | str) -> dict:
         raise ConfigError(
             f"model.init_from={directory}: no config.json there (give a Hugging Face GPT-2 directory)"
         )
-    config = json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(
+            f"model.init_from={directory}: config.json cannot be read ({error}); give a Hugging Face "
+            "GPT-2 directory"
+        ) from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"model.init_from={directory}: config.json is not a JSON object")
     if config.get("model_type", "gpt2") != "gpt2":
         raise ConfigError(f"model.init_from={directory} holds a {config.get('model_type')} model, not GPT-2")
     return config
@@ -263,11 +295,26 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     if shards:
         weights: dict[str, torch.Tensor] = {}
         for shard in shards:
-            weights.update(load_file(str(shard)))
+            try:
+                weights.update(load_file(str(shard)))
+            except Exception as error:  # safetensors raises its own SafetensorError for a bad header
+                first = (
+                    str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+                )
+                raise ConfigError(
+                    f"model.init_from={directory}: {shard.name} cannot be read ({first}); "
+                    "re-export or re-download it"
+                ) from None
         return weights
     legacy = directory / "pytorch_model.bin"
     if legacy.is_file():
-        return torch.load(legacy, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(legacy, map_location="cpu", weights_only=True)
+        except Exception as error:
+            raise ConfigError(
+                f"model.init_from={directory}: pytorch_model.bin cannot be read ({type(error).__name__}); "
+                "re-export or re-download it"
+            ) from None
     raise ConfigError(f"model.init_from={directory}: no model.safetensors or pytorch_model.bin there")
 
 
@@ -296,4 +343,11 @@ def init_from(model: GPT, directory: Path | str, extend_positions: bool = False)
                 f"model.init_from={directory}: {key} is {tuple(value.shape)}, expected {tuple(target.shape)}"
             )
         target.copy_(value)
+    positions = min(weights["wpe.weight"].shape[0], model.config.max_seq_len)
+    print(
+        f"model.init_from: loaded {len(weights)} tensors of {directory} "
+        f"({model.config.n_layer} layers, d_model {model.config.d_model}, {positions} positions)",
+        file=sys.stderr,
+        flush=True,
+    )
     return model

@@ -1,36 +1,37 @@
-"""Checkpoints that are checked when written and verified when resumed.
+"""Checkpoint files: written atomically and recorded, verified before anything unpickles them, loaded
+without running code. The one loader of a checkpoint (`load_checkpoint`): training's resume, `ckpt_path`
+checks, `pretrain eval` and `pretrain export` all go through it. Nothing here imports Lightning.
 
-* Every write goes to a temporary file beside the target, hashed while it is written, flushed to disk,
-  renamed into place and checked (the size written, a zip archive in torch's format); any failure is a
-  `CheckpointError` naming the path. (Lightning's own atomic save swallows a PermissionError.)
+* A write goes through `fileio.atomic_write` (temporary beside the target, fsync, rename), is hashed while
+  it streams and checked (the size written, a zip archive in torch's format); any failure, a full disk
+  included, is a one-line `CheckpointError` naming the path, and no temporary is left.
 * Next to each checkpoint `<name>.sha256` records its sha256 in `sha256sum` format (`cd checkpoints &&
-  sha256sum -c last.ckpt.sha256` checks it by hand), written atomically after the checkpoint. A
-  directory checkpoint (sharded FSDP) gets one line per file: a manifest.
-* On resume the record is checked: a mismatch, an empty or unreadable file is a one-line
-  `CheckpointError` naming the file; a checkpoint copied without its record loads with a warning.
-* `ckpt_path=auto` takes the newest checkpoint of the run directory that passes these checks.
+  sha256sum -c last.ckpt.sha256` checks it by hand). A directory checkpoint (sharded FSDP) gets one line
+  per file: a manifest.
+* Loading compares the record first, then unpickles with `weights_only=True`: a checkpoint holds only
+  tensors, numbers, strings and containers, so a crafted pickle is refused instead of run. A checkpoint
+  copied without its record loads with a warning (`ckpt_path=FILE`), or is refused (`require_record`).
+* `ckpt_path=auto` resumes from the newest checkpoint of the run directory, and refuses to touch a
+  directory holding checkpoints it cannot verify (it would overwrite them with a new run).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
+import pickle
 import re
 import warnings
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ..errors import CheckpointError
+from ..fileio import atomic_write, remove_stale_temporaries, sha256_file, write_text_atomic
 
 RECORD_SUFFIX = ".sha256"
 AUTO = "auto"
-_CHUNK = 1 << 22
 
 
 class CheckpointWarning(UserWarning):
@@ -43,32 +44,29 @@ def record_path(path: str | Path) -> Path:
     return path.with_name(path.name + RECORD_SUFFIX)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file())
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(temporary, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+def _disk_hint(path: Path) -> str:
+    return f"free disk space or make {path.parent} writable (or run elsewhere: hydra.run.dir=...)"
+
+
+# --- writing ------------------------------------------------------------------------------------
 
 
 def record_lines(path: Path) -> str:
     """The `sha256sum` lines of a checkpoint: one for a file, one per file of a directory."""
     if path.is_dir():
-        return "".join(f"{_sha256(f)}  {path.name}/{f.relative_to(path).as_posix()}\n" for f in _files(path))
-    return f"{_sha256(path)}  {path.name}\n"
+        return "".join(
+            f"{sha256_file(f)}  {path.name}/{f.relative_to(path).as_posix()}\n" for f in _files(path)
+        )
+    return f"{sha256_file(path)}  {path.name}\n"
 
 
 def write_record(path: str | Path, digest: str | None = None) -> Path:
@@ -77,11 +75,10 @@ def write_record(path: str | Path, digest: str | None = None) -> Path:
     text = f"{digest}  {path.name}\n" if digest else record_lines(path)
     record = record_path(path)
     try:
-        _write_atomically(record, text)
+        write_text_atomic(record, text)
     except OSError as error:
         raise CheckpointError(
-            f"could not write {record}: {error.strerror or error}; free disk space or make "
-            f"{path.parent} writable"
+            f"could not write {record}: {error.strerror or error}; {_disk_hint(path)}"
         ) from None
     return record
 
@@ -118,6 +115,7 @@ def check_written(path: Path, expected_size: int | None = None) -> None:
 
 
 def _check_torch_archive(path: Path) -> None:
+    """A zip archive with a data.pkl: read from the archive's directory only, nothing unpickled."""
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -127,107 +125,32 @@ def _check_torch_archive(path: Path) -> None:
         raise CheckpointError(f"checkpoint {path} is a zip archive but not a torch checkpoint (no data.pkl)")
 
 
-class VerifiedCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, but every write is atomic, hashed, checked and recorded, and a
-    failure raises instead of being swallowed. With several ranks (only rank 0 writes) the failure is
-    kept (`defer_errors`) until `raise_failed_save` makes every rank raise: rank 0 alone raising
-    would leave the others waiting in the next collective."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.defer_errors = False
-        self.failure: CheckpointError | None = None
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        if storage_options is not None:
-            raise TypeError("VerifiedCheckpointIO takes no storage_options")
-        try:
-            save_verified(checkpoint, Path(path))
-        except CheckpointError as error:
-            if not self.defer_errors:
-                raise
-            self.failure = error
-
-    def remove_checkpoint(self, path: Any) -> None:
-        super().remove_checkpoint(path)
-        record_path(path).unlink(missing_ok=True)
-
-
 def save_verified(checkpoint: dict[str, Any], path: Path) -> str:
     """torch.save `checkpoint` to `path` atomically; returns its sha256 (also in `<path>.sha256`)."""
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(temporary, "wb") as handle:
+        remove_stale_temporaries(path.parent)  # what a writer killed mid-write left behind
+        with atomic_write(path, "wb") as handle:
             writer = _HashingWriter(handle)
             torch.save(checkpoint, writer)  # type: ignore[arg-type]
-            handle.flush()
-            os.fsync(handle.fileno())
-        # The old record must not vouch for the new file, even for a moment.
-        record_path(path).unlink(missing_ok=True)
-        os.replace(temporary, path)
+            # The old record must not vouch for the new file, even for a moment.
+            record_path(path).unlink(missing_ok=True)
     except OSError as error:
-        if temporary.parent.is_dir():
-            temporary.unlink(missing_ok=True)
         raise CheckpointError(
-            f"could not write checkpoint {path}: {error.strerror or error}; free disk space or make "
-            f"{path.parent} writable (or run elsewhere: hydra.run.dir=...)"
+            f"could not write checkpoint {path}: {error.strerror or error}; {_disk_hint(path)}"
         ) from None
-    _fsync_directory(path.parent)
+    except RuntimeError as error:  # torch's zip writer reports a full disk as "file write failed"
+        raise CheckpointError(
+            f"could not write checkpoint {path} ({_first_line(error)}); {_disk_hint(path)}"
+        ) from None
     check_written(path, writer.written)
     digest = writer.digest.hexdigest()
     write_record(path, digest)
     return digest
 
 
-def _fsync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
-
-
-def raise_failed_save(trainer, filepath: str | Path) -> None:
-    """After `trainer.save_checkpoint` on every rank: all of them raise if rank 0's write failed."""
-    io = trainer.strategy.checkpoint_io
-    failure = io.failure if isinstance(io, VerifiedCheckpointIO) else None
-    if isinstance(io, VerifiedCheckpointIO):
-        io.failure = None
-    failed = failure is not None
-    if trainer.world_size > 1:
-        failed = trainer.strategy.reduce_boolean_decision(failed, all=False)
-    if failure is not None:
-        raise failure
-    if failed:
-        raise CheckpointError(
-            f"rank 0 could not write checkpoint {filepath} (its error says why); every rank stops"
-        )
-
-
-class RecordedModelCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint whose failed writes stop every rank, and whose directory checkpoints (sharded
-    FSDP) also get their manifest; file checkpoints are recorded by VerifiedCheckpointIO."""
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        io = trainer.strategy.checkpoint_io
-        if isinstance(io, VerifiedCheckpointIO) and trainer.world_size > 1:
-            io.defer_errors = True
-
-    def _save_checkpoint(self, trainer, filepath: str) -> None:
-        super()._save_checkpoint(trainer, filepath)
-        raise_failed_save(trainer, filepath)
-        if trainer.is_global_zero and Path(filepath).is_dir():
-            write_record(filepath)
-
-
-# --- verification on resume -------------------------------------------------------------------
+# --- verifying and loading ----------------------------------------------------------------------
 
 
 def _read_record(record: Path) -> dict[str, str]:
@@ -246,12 +169,13 @@ def _read_record(record: Path) -> dict[str, str]:
     return expected
 
 
-def verify_checkpoint(path: str | Path) -> bool:
-    """Check a checkpoint against its record: True when verified, False (with a warning) when it has
-    no record; a missing, empty, unreadable or altered checkpoint is a CheckpointError naming it."""
+def verify_checkpoint(path: str | Path, require_record: bool = False) -> bool:
+    """Check a checkpoint against its record, reading bytes only (nothing is unpickled): True when
+    verified, False (with a warning) when it has no record; a missing, empty, unreadable or altered
+    checkpoint, or one without a record when `require_record`, is a CheckpointError naming it."""
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist; check ckpt_path")
+        raise CheckpointError(f"checkpoint {path} does not exist; check the path")
     files = _files(path) if path.is_dir() else [path]
     if not files:
         raise CheckpointError(f"checkpoint directory {path} is empty; resume from another checkpoint")
@@ -262,6 +186,11 @@ def verify_checkpoint(path: str | Path) -> bool:
         _check_torch_archive(path)
     record = record_path(path)
     if not record.is_file():
+        if require_record:
+            raise CheckpointError(
+                f"checkpoint {path} has no {record.name} record, so it cannot be verified: refusing it; "
+                f"if you trust the file, record it with `sha256sum {path.name} > {record.name}` in its folder"
+            )
         warnings.warn(
             f"checkpoint {path} has no {record.name} record: it is loaded without verifying its sha256",
             CheckpointWarning,
@@ -279,7 +208,7 @@ def verify_checkpoint(path: str | Path) -> bool:
         )
     for name, file in names.items():
         try:
-            actual = _sha256(file)
+            actual = sha256_file(file)
         except OSError as error:
             raise CheckpointError(f"checkpoint {file} cannot be read: {error.strerror or error}") from None
         if actual != expected[name]:
@@ -290,54 +219,86 @@ def verify_checkpoint(path: str | Path) -> bool:
     return True
 
 
-def load_checkpoint(path: str | Path) -> dict:
-    """The checkpoint's contents (tensors memory-mapped), or a CheckpointError naming the file."""
+def load_checkpoint(
+    path: str | Path, *, require_record: bool = False, verified: bool = False, map_location: Any = "cpu"
+) -> dict:
+    """The checkpoint's contents (tensors memory-mapped): its record compared first (skipped when the
+    caller `verified` it already), then unpickled with `weights_only=True`, so a pickle that would run
+    code or build objects of other types is refused, not run. Every failure is a CheckpointError."""
     path = Path(path)
+    if not verified:
+        verify_checkpoint(path, require_record=require_record)
+    target = path / "meta.pt" if path.is_dir() else path  # sharded: Lightning's metadata file
     try:
-        if path.is_dir():  # sharded: the metadata file Lightning writes beside the shards
-            return torch.load(path / "meta.pt", map_location="cpu", weights_only=False)
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as error:  # torch raises RuntimeError, pickle errors, EOFError, ...
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"checkpoint {path} cannot be loaded ({first[:160]})") from None
+        checkpoint = torch.load(target, map_location=map_location, weights_only=True, mmap=path.is_file())
+    except pickle.UnpicklingError as error:
+        detail = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+        what = f"references {detail.group(1)}" if detail else "holds objects a checkpoint never has"
+        raise CheckpointError(
+            f"checkpoint {path} {what}: refused without unpickling it (a checkpoint of python train.py "
+            "holds only tensors, numbers and strings); do not load files from untrusted sources"
+        ) from None
+    except Exception as error:  # torch raises RuntimeError, EOFError, ... for damaged files
+        raise CheckpointError(f"checkpoint {path} cannot be loaded ({_first_line(error)})") from None
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint of python train.py (not a dict)")
+    return checkpoint
 
 
-def checkpoint_step(path: Path) -> int | None:
-    """The optimizer step a checkpoint holds (None when it cannot be read)."""
-    try:
-        return int(load_checkpoint(path).get("global_step", -1))
-    except (CheckpointError, TypeError, ValueError):
-        return None
+def load_trainer_checkpoint(path: str | Path) -> dict:
+    """A checkpoint of python train.py (`pretrain eval`, `pretrain export`): loaded as above, refused
+    in one line when it lacks the model settings or weights eval and export rebuild from."""
+    checkpoint = load_checkpoint(path)
+    hparams = checkpoint.get("hyper_parameters")
+    if not isinstance(hparams, dict) or "model" not in hparams or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path} is not a checkpoint of python train.py (no model hyper-parameters)")
+    return checkpoint
 
 
-def _candidates(directory: Path) -> Iterator[Path]:
+# --- ckpt_path=auto -----------------------------------------------------------------------------
+
+
+def _candidates(directory: Path) -> list[Path]:
     if not directory.is_dir():
-        return
-    for entry in directory.iterdir():
-        if entry.name.startswith(".") or entry.name.endswith(RECORD_SUFFIX):
-            continue
-        if entry.suffix == ".ckpt":
-            yield entry
+        return []
+    return sorted(
+        entry for entry in directory.iterdir() if entry.suffix == ".ckpt" and not entry.name.startswith(".")
+    )
 
 
-def newest_valid_checkpoint(run_dir: Path, say=print) -> Path | None:
-    """`ckpt_path=auto`: the verified checkpoint of `run_dir/checkpoints` with the highest step (the
-    newer file on a tie); checkpoints without a record or that fail verification are skipped, saying so."""
-    ranked = []
-    for candidate in _candidates(run_dir / "checkpoints"):
-        if not record_path(candidate).is_file():
-            say(f"ckpt_path=auto: skipping {candidate} (no {candidate.name}{RECORD_SUFFIX} record)")
-            continue
-        step = checkpoint_step(candidate)
-        if step is None:
-            say(f"ckpt_path=auto: skipping {candidate} (unreadable)")
+def _short_reason(candidate: Path, error: Exception) -> str:
+    text = str(error)
+    if not record_path(candidate).is_file():
+        return "no record"
+    if "is corrupt" in text or "does not match its record" in text:
+        return "differs from its record"
+    if "refused without unpickling" in text:
+        return "holds objects a checkpoint never has"
+    return text.removeprefix(f"checkpoint {candidate} ")[:80]
+
+
+def newest_valid_checkpoint(run_dir: Path) -> Path | None:
+    """`ckpt_path=auto`: the checkpoint of `run_dir/checkpoints` with the highest step (the newer file
+    on a tie), None when there is none. Every candidate is verified before it is read; one that cannot
+    be (no record, altered, unreadable) is a CheckpointError naming them all: a new run there would
+    overwrite them, and resuming from an older one would silently drop the newer work."""
+    candidates = _candidates(run_dir / "checkpoints")
+    ranked, unverifiable = [], []
+    for candidate in candidates:
+        try:
+            verify_checkpoint(candidate, require_record=True)
+            step = int(load_checkpoint(candidate, verified=True).get("global_step", -1))
+        except (CheckpointError, TypeError, ValueError) as error:
+            unverifiable.append(f"{candidate.name} ({_short_reason(candidate, error)})")
             continue
         ranked.append((step, candidate.stat().st_mtime, candidate))
-    for _, _, candidate in sorted(ranked, key=lambda item: (item[0], item[1]), reverse=True):
-        try:
-            verify_checkpoint(candidate)
-        except CheckpointError as error:
-            say(f"ckpt_path=auto: skipping {candidate}: {error}")
-            continue
-        return candidate
-    return None
+    if unverifiable:
+        folder = run_dir / "checkpoints"
+        raise CheckpointError(
+            f"ckpt_path=auto: cannot verify {', '.join(unverifiable)} in {folder}: refusing to resume or "
+            f"start over there; load one unverified with ckpt_path={folder}/<name>, move them away, or "
+            "start elsewhere (hydra.run.dir=... or output_dir=...)"
+        )
+    if not ranked:
+        return None
+    return max(ranked, key=lambda item: (item[0], item[1]))[2]

@@ -11,7 +11,7 @@ from ..config import AttnConfig, TrainerConfig
 from ..errors import CheckpointError, ConfigError
 from ..model import GPTConfig
 from ..model.attention import check_backend, resolve_backend
-from .checkpoints import load_checkpoint, verify_checkpoint
+from .checkpoints import load_checkpoint
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16, "fp16": torch.float16}
 
@@ -59,9 +59,9 @@ def check_checkpoint(
         return
     if not Path(path).exists():
         raise CheckpointError(f"ckpt_path={path} does not exist")
-    if not verified:  # (ckpt_path=auto verified it already)
-        verify_checkpoint(path)  # sha256 against its record; a copy without one loads with a warning
-    checkpoint = load_checkpoint(path)
+    # sha256 against its record before unpickling (ckpt_path=auto verified it already); a copy without
+    # one loads with a warning
+    checkpoint = load_checkpoint(path, verified=verified)
     saved = checkpoint.get("hyper_parameters")
     if not isinstance(saved, dict) or "model" not in saved:
         raise CheckpointError(f"ckpt_path={path} is not a checkpoint of this trainer (no model settings)")

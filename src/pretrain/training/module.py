@@ -18,6 +18,7 @@ import torch
 
 from ..config import TrainConfig
 from ..data.batch import PackedBatch
+from ..evaluate import ScoringProgress, score_batches
 from ..model import GPT, GPTConfig
 from ..model.flops import peak_flops, training_flops
 from .update import run_update
@@ -200,15 +201,9 @@ class PretrainModule(L.LightningModule):
         assert datamodule is not None, "validation needs the PretrainDataModule"
         if not datamodule.has_validation:
             return None
-        was_training = self.model.training
-        self.model.eval()
-        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for batch in datamodule.validation_batches():
-            batch = batch.to(self.device)
-            loss_sum = self.model.loss(batch, denominator=1).double()
-            targets = torch.tensor(float(batch.num_targets), dtype=torch.float64, device=self.device)
-            sums += torch.stack([loss_sum, targets])
-        self.model.train(was_training)
+        progress = ScoringProgress("validation") if self.trainer.is_global_zero else None
+        nats, targets = score_batches(self.model, datamodule.validation_batches(), self.device, progress)
+        sums = torch.stack([nats, targets])
         sums = self._all_reduce_sum(sums)
         return float(sums[0] / sums[1]) if sums[1] > 0 else None
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
+import shutil
+import signal
 import sys
 import time
 import warnings
@@ -26,25 +29,21 @@ from rich.console import Console
 from ..config import Config, to_config
 from ..data.cache import CacheSpec
 from ..data.policies import PolicySettings
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError, PretrainError
+from ..fileio import remove_stale_temporaries, write_text_atomic
 from ..model import GPTConfig
-from .checkpoints import (
-    AUTO,
-    RecordedModelCheckpoint,
-    VerifiedCheckpointIO,
-    newest_valid_checkpoint,
-    raise_failed_save,
-    write_record,
-)
+from .checkpoint_io import RecordedModelCheckpoint, VerifiedCheckpointIO, raise_failed_save
+from .checkpoints import AUTO, newest_valid_checkpoint, write_record
 from .checks import attention_backend, check_checkpoint
 from .datamodule import PretrainDataModule
 from .loggers import DataStatistics, MetricsStart, build_loggers, finish_loggers
 from .module import PretrainModule
-from .preemption import Preemption
+from .preemption import FINISHING, TRAINING, Interrupted, Signals, active, exit_code
 from .progress import StepProgressBar, progress_callbacks, warn_if_slow_on_cpu
 from .recorder import BatchRecorder
+from .rundir import RunLock, claimed_here
 
-_NOISE = ("litlogger", "`weights_only` was not set", "LeafSpec")
+_NOISE = ("litlogger", "`weights_only` was not set", "LeafSpec", "GPU available", "TPU available")
 
 
 class _DropNoise(logging.Filter):
@@ -121,13 +120,24 @@ class RunSettings:
             check_init_from(config.model.init_from, model, config.model.extend_positions)
         cache = CacheSpec.from_config(config)
         output_dir = _output_dir(config.output_dir)
-        auto = config.ckpt_path == AUTO
-        if auto:
-            config = replace(config, ckpt_path=_auto_checkpoint(output_dir))
-        check_checkpoint(
-            config.ckpt_path, policy.max_seq_len, model, cache.key, config.train.max_steps, verified=auto
-        )
+        if config.ckpt_path != AUTO:  # auto: chosen once the run directory is locked (resolve_auto)
+            check_checkpoint(config.ckpt_path, policy.max_seq_len, model, cache.key, config.train.max_steps)
         return cls(config, policy, model, cache, backend, output_dir)
+
+    def resolve_auto(self) -> RunSettings:
+        """`ckpt_path=auto` (under the run directory's lock): its newest checkpoint, checked, or None."""
+        if self.config.ckpt_path != AUTO:
+            return self
+        found = _auto_checkpoint(self.output_dir)
+        check_checkpoint(
+            found,
+            self.policy.max_seq_len,
+            self.model,
+            self.cache.key,
+            self.config.train.max_steps,
+            verified=True,
+        )
+        return replace(self, config=replace(self.config, ckpt_path=found))
 
 
 def _is_rank_zero() -> bool:
@@ -138,7 +148,7 @@ def _is_rank_zero() -> bool:
 def _auto_checkpoint(output_dir: Path) -> str | None:
     """`ckpt_path=auto`: the newest valid checkpoint of the run directory, or a fresh start."""
     say = (lambda text: print(text, file=sys.stderr, flush=True)) if _is_rank_zero() else (lambda text: None)
-    found = newest_valid_checkpoint(output_dir, say=say)
+    found = newest_valid_checkpoint(output_dir)  # refuses checkpoints it cannot verify
     if found is None:
         say(f"ckpt_path=auto: no valid checkpoint in {output_dir / 'checkpoints'}, starting a new run")
         return None
@@ -183,7 +193,7 @@ def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
     if SLURMEnvironment.detect():
         plugins.append(SLURMEnvironment(auto_requeue=False))
     progress = progress_callbacks(config.progress_bar, t.log_every_n_steps)
-    return L.Trainer(
+    lightning_trainer = L.Trainer(
         accelerator=trainer.accelerator,
         devices=trainer.devices,
         num_nodes=trainer.num_nodes,
@@ -206,14 +216,109 @@ def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
         enable_model_summary=False,
         enable_progress_bar=any(isinstance(c, StepProgressBar) for c in progress),
     )
+    # Our handlers (preemption.py) act from the run's first line to its last; Lightning's SIGTERM
+    # handler would end the run mid-epoch with exit 0 (SIGTERMException).
+    lightning_trainer._signal_connector.register_signal_handlers = lambda: None  # type: ignore[method-assign]
+    return lightning_trainer
+
+
+class Preemption(L.Callback):
+    """Stops training at the update boundary after a signal (preemption.py), agreed by all ranks."""
+
+    def __init__(self, signals: Signals):
+        self.signals = signals
+        self.stopped_by: signal.Signals | None = None  # the signal the run stopped for (all ranks)
+        self.stopped_at: int | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.signals.phase = TRAINING  # from now on a signal only sets the flag
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx) -> None:
+        signum = self._agreed_signal(trainer)
+        if signum is None:
+            return
+        self.stopped_by = signal.Signals(signum)
+        self.stopped_at = int(trainer.global_step)
+        trainer.should_stop = True
+        if trainer.is_global_zero:
+            print(
+                f"{self.stopped_by.name}: stopped after update {self.stopped_at}", file=sys.stderr, flush=True
+            )
+
+    def _agreed_signal(self, trainer: L.Trainer) -> int | None:
+        """The largest signal number any rank received (0 = none): one small all-reduce per update."""
+        local = int(self.signals.received or 0)
+        if trainer.world_size > 1:
+            flag = torch.tensor([local], dtype=torch.int32, device=trainer.strategy.root_device)
+            local = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        return local or None
+
+
+class EpochFits(L.Callback):
+    """A batch larger than an epoch's units would never train (or exhaust memory building it)."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        datamodule = getattr(trainer, "datamodule", None)
+        sampler = getattr(datamodule, "train_sampler", None)
+        if sampler is None:
+            return
+        plan = sampler.plan(sampler.epoch)
+        if plan.batches == 0:
+            units = len(plan.layout)
+            kind = "padded rows" if sampler.policy == "padded" else "packs"
+            ranks = f" x {trainer.world_size} ranks" if trainer.world_size > 1 else ""
+            raise ConfigError(
+                f"train.batch_size={sampler.batch_size}{ranks} is more than an epoch of the train split, "
+                f"which has {units:,} {kind}: set train.batch_size<={max(1, units // trainer.world_size)} "
+                "or use more training data"
+            )
 
 
 def train(cfg: DictConfig | Config, callbacks=()) -> dict:
-    """Run one training job; returns its summary (also written to run.json in the output dir)."""
+    """Run one training job; returns its summary (also written to run.json in the output dir).
+
+    The signal handlers are train.py's when it installed them (from its first line), else this
+    call's own, restored when it returns."""
+    signals = active()
+    own = signals is None
+    signals = Signals().install() if own else signals
+    assert signals is not None
+    try:
+        return _train(cfg, callbacks, signals)
+    finally:
+        if own:
+            signals.restore()
+
+
+def _train(cfg: DictConfig | Config, callbacks, signals: Signals) -> dict:
     quiet_lightning()
-    run = RunSettings.from_config(cfg)
+    run = RunSettings.from_config(cfg)  # schema, device and ckpt_path checks: nothing written yet
+    output_dir = run.output_dir
+    fresh = not output_dir.exists() or claimed_here(output_dir)
+    lock = RunLock(output_dir).acquire() if _is_rank_zero() else None  # creates the directory
+    try:
+        try:
+            for folder in (output_dir, output_dir / "checkpoints"):
+                remove_stale_temporaries(folder)  # of writers killed mid-write (a full disk, kill -9)
+            run = run.resolve_auto()
+            _writable_checkpoint_dir(output_dir / "checkpoints")
+            return _fit(run, callbacks, signals)
+        except PretrainError:
+            if fresh and _is_rank_zero() and signals.phase != FINISHING and not _trained(output_dir):
+                # A run that never started leaves no directory behind (only what Hydra and we made).
+                shutil.rmtree(output_dir, ignore_errors=True)
+            raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _trained(output_dir: Path) -> bool:
+    return (output_dir / "metrics.csv").exists() or any((output_dir / "checkpoints").glob("*.ckpt"))
+
+
+def _fit(run: RunSettings, callbacks, signals: Signals) -> dict:
     config, output_dir = run.config, run.output_dir
-    _writable_checkpoint_dir(output_dir / "checkpoints")  # creates the run directory too
     L.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = PretrainDataModule(run.cache, run.policy)
     module = PretrainModule(
@@ -233,33 +338,38 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
         init_from(module.model, config.model.init_from, config.model.extend_positions)
     if config.record_batches:
         callbacks = [*callbacks, BatchRecorder(output_dir)]
-    preemption = Preemption()  # SIGTERM, SIGUSR1, Ctrl-C: stop after the current update
-    trainer = build_trainer(config, output_dir, [*callbacks, preemption])
+    preemption = Preemption(signals)  # SIGTERM, SIGUSR1, Ctrl-C: stop after the current update
+    trainer = build_trainer(config, output_dir, [*callbacks, EpochFits(), preemption])
     started = time.perf_counter()
     deterministic_before = torch.are_deterministic_algorithms_enabled()
     last = output_dir / "checkpoints" / "last.ckpt"
-    preemption.install()
+    interrupted: Interrupted | None = None
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=config.ckpt_path)
+        signals.phase = FINISHING
         # The state after the last trained update (sampler included), checked and recorded when written.
         trainer.save_checkpoint(last)
         raise_failed_save(trainer, last)  # with several ranks: rank 0's failure stops every one
         if trainer.is_global_zero and last.is_dir():  # sharded FSDP: a manifest of its files
             write_record(last)
+    except Interrupted as error:
+        if error.abort:  # a second Ctrl-C: no checkpoint, no report
+            raise
+        interrupted = error  # before training started (the cache build): a preemption without a step
     finally:
-        preemption.restore()
+        signals.phase = FINISHING
         # Trainer(deterministic=True) flips a process-wide torch flag; later jobs in this process
         # (a multirun, a notebook) must not inherit it.
         torch.use_deterministic_algorithms(deterministic_before)
-    assert datamodule.cache is not None
-    stopped_by = preemption.stopped_by
+    stopped_by = preemption.stopped_by or (interrupted.signum if interrupted else None)
+    cache = datamodule.cache
     summary = {
         "status": "preempted" if stopped_by is not None else "completed",
         "signal": stopped_by.name if stopped_by is not None else None,
-        "exit_code": preemption.exit_code,
+        "exit_code": exit_code(stopped_by) if stopped_by is not None else 0,
         "output_dir": str(output_dir),
         "checkpoint": str(last) if trainer.is_global_zero and last.exists() else None,
-        "cache_dir": str(datamodule.cache.directory),
+        "cache_dir": str(cache.directory) if cache is not None else None,
         "policy": run.policy.policy,
         "attn": run.attn_backend,
         "model": config.model.name,
@@ -273,23 +383,38 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
     }
     plot = None
     if trainer.is_global_zero:
-        (output_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
-        OmegaConf.save(OmegaConf.structured(config), output_dir / "config.yaml", resolve=True)
+        _write_outputs(output_dir, summary, config)
         # A single run under Hydra, and every W&B run, get their comparison plot (config.yaml first:
-        # the plot's label reads it); not a preempted one: its grace time is short.
-        if (_hydra_mode() == "RUN" or config.logger.kind == "wandb") and stopped_by is None:
+        # the plot's label reads it); not a stopped one: its grace time is short.
+        wants_plot = _hydra_mode() == "RUN" or config.logger.kind == "wandb"
+        if wants_plot and stopped_by is None and signals.late is None and interrupted is None:
             from ..report.compare import compare
 
             plot = compare([output_dir], output=output_dir / "compare.png", quiet=True)
-    finish_loggers(trainer, summary, plot)  # W&B: the summary row and the plot, then the run ends
+    if interrupted is None:
+        finish_loggers(trainer, summary, plot)  # W&B: the summary row and the plot, then the run ends
     if trainer.is_global_zero:
         report(summary, plot)
     return summary
 
 
+def _write_outputs(output_dir: Path, summary: dict, config: Config) -> None:
+    """run.json and config.yaml, atomically; a full disk or a permission is one line."""
+    try:
+        write_text_atomic(output_dir / "run.json", json.dumps(summary, indent=2) + "\n")
+        write_text_atomic(
+            output_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(config), resolve=True)
+        )
+    except OSError as error:
+        raise CheckpointError(
+            f"could not write {output_dir / 'run.json'}: {error.strerror or error}; free disk space "
+            f"(the checkpoint {output_dir / 'checkpoints' / 'last.ckpt'} is complete)"
+        ) from None
+
+
 def report(summary: dict, plot: Path | None = None) -> None:
-    """Where everything went, on stderr (and the comparison plot, when the run made one)."""
-    console = Console(stderr=True, soft_wrap=True)  # paths and commands stay on one line
+    """Where everything went, on stdout (and the comparison plot, when the run made one)."""
+    console = Console(soft_wrap=True)  # paths and commands stay on one line
     output = Path(summary["output_dir"])
     if plot is not None:
         console.print(f"comparison plot: {plot}")
@@ -321,5 +446,22 @@ def resume_command(output_dir: Path) -> str:
         ]
     elif _hydra_mode() is None:
         return f"train(config with ckpt_path=auto output_dir={output_dir})"
-    words = ["python", "train.py", *overrides, f"hydra.run.dir={output_dir}", "ckpt_path=auto"]
+    words = [
+        "python",
+        "train.py",
+        *overrides,
+        f"hydra.run.dir={hydra_quote(str(output_dir))}",
+        "ckpt_path=auto",
+    ]
     return " ".join(shlex.quote(word) for word in words)
+
+
+_HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_./+\-:@%~]+")
+
+
+def hydra_quote(value: str) -> str:
+    """`value` as Hydra's override grammar reads it back: quoted when it holds anything but plain
+    path characters (spaces, accents, commas, brackets, quotes); the shell quoting goes around it."""
+    if _HYDRA_PLAIN.fullmatch(value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import IO
 
 
 def slurm_job_id(environ: dict[str, str] | None = None) -> str | None:
@@ -55,3 +56,53 @@ def register_run_dir_resolver() -> None:
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("pretrain.run_dir", run_dir, use_cache=True, replace=True)
+
+
+def claimed_here(path: Path) -> bool:
+    """True when this process created `path` with the resolver (a new run directory of its own)."""
+    return any(Path(claimed).resolve() == Path(path).resolve() for claimed in _CLAIMED.values())
+
+
+LOCK_NAME = ".run.lock"
+
+
+class RunLock:
+    """One training process per run directory: an exclusive `flock` on `<run dir>/.run.lock`, which
+    also names its holder (pid, host). The kernel drops the lock when the holder dies, however it
+    dies, so a stale lock file is simply taken over. With several ranks only rank 0 takes it (the
+    other ranks are its own job's)."""
+
+    def __init__(self, directory: Path):
+        self.path = Path(directory) / LOCK_NAME
+        self._handle: IO[str] | None = None
+
+    def acquire(self) -> RunLock:
+        import fcntl
+        import socket
+
+        from ..errors import ConfigError
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise ConfigError(
+                f"{self.path.parent} is in use by {holder}: two runs in one directory would overwrite "
+                "each other's checkpoints and metrics; wait for it to end, or run elsewhere "
+                "(hydra.run.dir=... or output_dir=...)"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing drops the flock; the file stays (unlinking it would race)
+            self._handle = None
