@@ -1,20 +1,8 @@
 """Train a GPT on the token cache: python train.py [Hydra overrides], e.g. data=padded attn=sdpa."""
 
+import sys
+
 from pretrain.training.preemption import Interrupted, install_early
-
-SIGNALS = install_early()  # SIGTERM, SIGUSR1, Ctrl-C end the run as a preemption from this line on
-
-import sys  # noqa: E402
-
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-from pretrain.config import register_schema  # noqa: E402
-from pretrain.errors import exit_on_user_error  # noqa: E402
-from pretrain.training.rundir import register_run_dir_resolver  # noqa: E402
-
-register_schema()  # conf/train.yaml is typed by pretrain.config's schema
-register_run_dir_resolver()  # ${pretrain.run_dir:...}: SLURM job directories, unique ones elsewhere
 
 
 def check_overrides(argv: list[str]) -> None:
@@ -24,25 +12,42 @@ def check_overrides(argv: list[str]) -> None:
     if any(arg.startswith("-") for arg in argv):
         return
     from pretrain.config import load_config, to_config
+    from pretrain.errors import exit_on_user_error
 
     with exit_on_user_error():
         to_config(load_config(argv))
 
 
-@hydra.main(config_path="conf", config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    from pretrain.training.run import train
+def run() -> None:
+    import hydra
+    from omegaconf import DictConfig
 
-    with exit_on_user_error():
-        summary = train(cfg)
-    if summary["exit_code"]:  # stopped by a signal: 128 + its number (143 SIGTERM, 138 SIGUSR1, 130 Ctrl-C)
-        raise SystemExit(summary["exit_code"])
+    from pretrain.config import register_schema
+    from pretrain.training.rundir import register_run_dir_resolver
+
+    register_schema()  # conf/train.yaml is typed by pretrain.config's schema
+    register_run_dir_resolver()  # ${pretrain.run_dir:...}: SLURM job directories, unique ones elsewhere
+
+    @hydra.main(config_path="conf", config_name="train", version_base="1.3")
+    def main(cfg: DictConfig) -> None:
+        from pretrain.errors import exit_on_user_error
+        from pretrain.training.run import train
+
+        with exit_on_user_error():
+            summary = train(cfg)
+        if summary[
+            "exit_code"
+        ]:  # stopped by a signal: 128 + its number (143 SIGTERM, 138 SIGUSR1, 130 Ctrl-C)
+            raise SystemExit(summary["exit_code"])
+
+    check_overrides(sys.argv[1:])
+    main()
 
 
 if __name__ == "__main__":
+    install_early()  # from here to the last line a signal ends the run as a preemption (preemption.py)
     try:
-        check_overrides(sys.argv[1:])
-        main()
-    except Interrupted as interrupted:  # a signal before training started, or a second Ctrl-C
+        run()
+    except Interrupted as interrupted:  # before training started, or a second Ctrl-C
         sys.stderr.flush()
         raise SystemExit(interrupted.exit_code) from None

@@ -135,21 +135,22 @@ def test_max_steps_at_or_below_the_checkpoint_step_is_refused_early(tmp_path, sa
         assert not (tmp_path / f"m{max_steps}" / "metrics.csv").exists()
 
 
-def test_auto_takes_the_newest_valid_checkpoint(tmp_path, saved_run):
+def test_auto_takes_the_newest_checkpoint_and_refuses_what_it_cannot_verify(tmp_path, saved_run):
     run = tmp_path / "run"
     for name in ("step000001.ckpt", "step000002.ckpt", "step000003.ckpt"):
         _copy(saved_run / "checkpoints" / name, run / "checkpoints" / name)
-    said: list[str] = []
-    assert newest_valid_checkpoint(run, say=said.append) == run / "checkpoints" / "step000003.ckpt"
-    # The newest is damaged: skipped, saying why; the next one is taken.
+    assert newest_valid_checkpoint(run) == run / "checkpoints" / "step000003.ckpt"
+    # The newest is damaged: auto refuses (naming it) instead of silently dropping its steps.
     newest = run / "checkpoints" / "step000003.ckpt"
     newest.write_bytes(newest.read_bytes()[:-10] + b"0123456789")
-    assert newest_valid_checkpoint(run, say=said.append) == run / "checkpoints" / "step000002.ckpt"
-    assert any("step000003.ckpt" in line and "corrupt" in line for line in said)
-    # A checkpoint without a record is not trusted by auto.
+    with pytest.raises(CheckpointError, match=r"cannot verify step000003\.ckpt \(differs from its record\)"):
+        newest_valid_checkpoint(run)
+    newest.unlink()
+    # A checkpoint without a record is not trusted by auto: refused, with how to go on.
     record_path(run / "checkpoints" / "step000002.ckpt").unlink()
-    assert newest_valid_checkpoint(run, say=said.append) == run / "checkpoints" / "step000001.ckpt"
-    assert newest_valid_checkpoint(tmp_path / "nothing-here", say=said.append) is None
+    with pytest.raises(CheckpointError, match=r"step000002\.ckpt \(no record\).*ckpt_path=.*hydra\.run\.dir"):
+        newest_valid_checkpoint(run)
+    assert newest_valid_checkpoint(tmp_path / "nothing-here") is None
 
 
 def test_auto_without_a_checkpoint_starts_fresh_then_resumes(tmp_path, cache_root, capfd):

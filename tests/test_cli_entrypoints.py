@@ -52,7 +52,9 @@ def test_train_py_runs_and_reports_where_outputs_went(tmp_path, env):
         ".hydra/config.yaml",
     ):
         assert (out / name).exists(), name
-    assert f"outputs: {out}" in proc.stderr
+    assert f"outputs: {out}" in proc.stdout  # where everything went: stdout, not stderr
+    assert f"outputs: {out}" not in proc.stderr
+    assert "GPU available" not in proc.stderr + proc.stdout and "TPU available" not in proc.stderr
     summary = json.loads((out / "run.json").read_text())
     assert summary["steps"] == 3 and summary["policy"] == "bestfit" and summary["attn"] == "sdpa"
     # smoke: 4 packs of 128 per step, all real tokens

@@ -22,7 +22,8 @@ from pretrain.config import load_config, to_config
 from pretrain.data import TokenSplit, chunk_table, gather_packed
 from pretrain.errors import ConfigError
 from pretrain.evaluate import evaluate, evaluate_checkpoint
-from pretrain.hf import export, init_from, load_checkpoint, model_weights
+from pretrain.hf import export, init_from, model_weights
+from pretrain.training.checkpoints import load_checkpoint
 from pretrain.model import GPT, GPTConfig
 from pretrain.training.run import train
 

@@ -88,7 +88,7 @@ def test_a_signal_stops_after_the_update_and_auto_resume_continues_exactly(tmp_p
     assert json.loads((run / "run.json").read_text())["status"] == "preempted"
     last = run / "checkpoints" / "last.ckpt"
     assert verify_checkpoint(last) and saved_step(last) == 2 == len(digests(run))
-    assert "resume:" in capfd.readouterr().err
+    assert "resume:" in capfd.readouterr().out  # where everything went: stdout
     # The handlers are restored once the run is over (Ctrl-C is KeyboardInterrupt again).
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
@@ -116,21 +116,21 @@ def _interrupt_at_step_2(proc: subprocess.Popen, signum: int = signal.SIGTERM) -
 def test_sigterm_to_a_real_run_exits_143_with_its_last_update_checkpointed(tmp_path, cache_root):
     run = tmp_path / "run"
     proc = _start(run, "train.max_steps=30")
-    _, err = _interrupt_at_step_2(proc)
+    out, err = _interrupt_at_step_2(proc)
     assert proc.returncode == 143, err[-3000:]
     assert "received SIGTERM: stopping after the current update" in err
-    _check_preempted(run, err)
+    _check_preempted(run, out)
 
 
-def _check_preempted(run: Path, err: str) -> int:
+def _check_preempted(run: Path, out: str) -> int:
     report = json.loads((run / "run.json").read_text())
     assert report["status"] == "preempted" and report["signal"] == "SIGTERM" and report["exit_code"] == 143
     trained = len(digests(run))
     assert 2 <= trained < 30 and report["steps"] == trained
     last = run / "checkpoints" / "last.ckpt"
     assert saved_step(last) == trained and verify_checkpoint(last)  # the last trained update, exactly
-    assert f"checkpoint: {last}\n" in err
-    assert f"resume: python train.py {' '.join(SMALL)} progress_bar=true train.max_steps=30 " in err
+    assert f"checkpoint: {last}\n" in out
+    assert f"resume: python train.py {' '.join(SMALL)} progress_bar=true train.max_steps=30 " in out
     return trained
 
 
@@ -140,9 +140,9 @@ def test_sigterm_then_auto_resume_of_real_processes_equals_an_uninterrupted_run(
     train(compose(full, "train.max_steps=30"))
     run = tmp_path / "run"
     proc = _start(run, "train.max_steps=30")
-    _, err = _interrupt_at_step_2(proc)
+    out, err = _interrupt_at_step_2(proc)
     assert proc.returncode == 143, err[-3000:]
-    _check_preempted(run, err)
+    _check_preempted(run, out)
     resume = subprocess.run(
         [
             sys.executable,

@@ -102,11 +102,16 @@ def cpu_speed_warning(
     if seconds <= SLOW_STEP_SECONDS:
         return None
     tokens = policy.batch_size * policy.accumulation * policy.max_seq_len
+    smaller = (
+        "model=tiny for a CPU run"
+        if name != "tiny"
+        else "a smaller train.batch_size, train.accumulation or data.max_seq_len for a CPU run"
+    )
     return (
         f"model={name} on the CPU will be very slow: {flops / 1e12:.1f} TFLOP per optimizer step "
         f"({tokens:,} tokens), about {_duration(seconds)} per step and {_duration(seconds * max_steps)} "
         f"for train.max_steps={max_steps} at the ~{flops_per_second / 1e9:.0f} GFLOP/s a CPU sustains; "
-        "use trainer=gpu, or model=tiny for a CPU run"
+        f"use trainer=gpu, or {smaller}"
     )
 
 

@@ -43,7 +43,7 @@ from .progress import StepProgressBar, progress_callbacks, warn_if_slow_on_cpu
 from .recorder import BatchRecorder
 from .rundir import RunLock, claimed_here
 
-_NOISE = ("litlogger", "`weights_only` was not set", "LeafSpec", "GPU available", "TPU available")
+_NOISE = ("litlogger", "`weights_only` was not set", "LeafSpec", "GPU available", "TPU available", "`Trainer.fit` stopped")
 
 
 class _DropNoise(logging.Filter):
