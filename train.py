@@ -16,6 +16,27 @@ def check_overrides(argv: list[str]) -> None:
 
     with exit_on_user_error():
         to_config(load_config(argv))
+        check_run_dir(argv)
+
+
+def check_run_dir(argv: list[str]) -> None:
+    """The run directory (hydra.run.dir, else under ./outputs) must be creatable: refused in one line
+    here rather than as Hydra's traceback when it makes the directory."""
+    import os
+    from pathlib import Path
+
+    from pretrain.errors import WriteError
+
+    given = [arg.split("=", 1)[1].strip("'\"") for arg in argv if arg.startswith("hydra.run.dir=")]
+    target = Path(given[-1]) if given and "${" not in given[-1] else Path("outputs")
+    existing = target.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise WriteError(
+            f"cannot create the run directory {target}: {existing} is not a writable folder; "
+            "run elsewhere with hydra.run.dir=DIR"
+        )
 
 
 def run() -> None:

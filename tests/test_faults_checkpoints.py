@@ -25,8 +25,8 @@ from pretrain.training.checkpoints import (
     verify_checkpoint,
     write_record,
 )
-from pretrain.training.rundir import LOCK_NAME, RunLock
 from pretrain.training.run import train
+from pretrain.training.rundir import LOCK_NAME, RunLock
 
 cache_root = module_cache_root("checkpoint-tests-cache")  # shared with test_checkpoints/test_preemption
 SMALL = [*TINY_RUN, "progress_bar=false"]

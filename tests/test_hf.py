@@ -23,8 +23,8 @@ from pretrain.data import TokenSplit, chunk_table, gather_packed
 from pretrain.errors import ConfigError
 from pretrain.evaluate import evaluate, evaluate_checkpoint
 from pretrain.hf import export, init_from, model_weights
-from pretrain.training.checkpoints import load_checkpoint
 from pretrain.model import GPT, GPTConfig
+from pretrain.training.checkpoints import load_checkpoint
 from pretrain.training.run import train
 
 transformers = pytest.importorskip("transformers")
@@ -256,7 +256,13 @@ def test_cli_export_and_eval(trained, tmp_path, cache_root):
 
 def test_training_starts_from_init_from(cache_root, exported, tmp_path):
     out = tmp_path / "run"
-    overrides = [*BASE, f"output_dir={out}", "progress_bar=false", "train.max_steps=1", "train.warmup_steps=0"]
+    overrides = [
+        *BASE,
+        f"output_dir={out}",
+        "progress_bar=false",
+        "train.max_steps=1",
+        "train.warmup_steps=0",
+    ]
     summary = train(
         load_config([*overrides, f"model.init_from={exported}", "train.lr=1e-9", "train.warmup_steps=0"])
     )

@@ -142,7 +142,13 @@ def test_same_seed_same_initial_weights_whatever_the_policy_and_metrics_are_time
 
 def test_no_mfu_on_cpu_without_a_peak(cache_root, tmp_path):
     out = tmp_path / "cpu"
-    overrides = ["experiment=smoke", f"output_dir={out}", "progress_bar=false", "train.max_steps=1", "train.warmup_steps=0"]
+    overrides = [
+        "experiment=smoke",
+        f"output_dir={out}",
+        "progress_bar=false",
+        "train.max_steps=1",
+        "train.warmup_steps=0",
+    ]
     summary = train(load_config(overrides))
     assert "train/mfu" not in summary["metrics"] and "train/step_seconds" in summary["metrics"]
     assert peak_flops(None) is None and peak_flops("NVIDIA H100 80GB HBM3") == 989e12

@@ -140,12 +140,13 @@ def _check_output_file(output: str) -> Path:
 
 
 def _write_output(path: Path, text: str) -> None:
+    from .errors import WriteError
     from .fileio import write_text_atomic
 
     try:
         write_text_atomic(path, text)
     except OSError as error:
-        raise ConfigError(
+        raise WriteError(
             f"could not write {path}: {error.strerror or error}; free disk space or pick another output=FILE"
         ) from None
 

@@ -36,6 +36,11 @@ class CheckpointError(PretrainError, ValueError):
     """A checkpoint that does not exist or does not fit the config it is resumed with."""
 
 
+class WriteError(PretrainError, OSError):
+    """An output that cannot be written (a full disk, a read-only folder): the message names the path
+    and what to do; nothing half-written is left behind."""
+
+
 def one_line_errors() -> tuple[type[BaseException], ...]:
     """What the command line reports without a traceback: our family and Hydra's config errors."""
     from hydra.errors import HydraException

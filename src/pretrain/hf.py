@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, WriteError
 from .model import GPTConfig
 from .model.gpt import GPT
 
@@ -192,7 +192,7 @@ def export(checkpoint_path: Path | str, output: Path | str) -> Path:
         os.rename(tmp, output)
     except OSError as error:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ConfigError(
+        raise WriteError(
             f"could not write the export to {output}: {error.strerror or error}; free disk space or pick "
             "another --output (nothing was left behind)"
         ) from None

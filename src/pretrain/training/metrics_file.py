@@ -20,13 +20,15 @@ Lightning.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WriteError
+from ..fileio import write_text_atomic
 
 FILE_NAME = "metrics.csv"
 STEP = "step"
@@ -128,14 +130,18 @@ class MetricsFile:
         self.started = False
         self.dropped = 0  # rows `start` dropped or replaced (or 1 for an unreadable file moved aside)
 
+    def _failed(self, error: OSError) -> WriteError:
+        return WriteError(
+            f"could not write {self.path}: {error.strerror or error}; free disk space or make "
+            f"{self.path.parent} writable, then resume with ckpt_path=auto"
+        )
+
     def _rewrite(self, rows: list[dict]) -> None:
-        """The whole file, atomically: a kill leaves the old file or the new one."""
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
-        with open(temporary, "w", newline="", encoding="utf-8") as handle:
-            handle.write(_csv_text(self.columns, rows, header=True))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.path)
+        """The whole file, atomically: a kill or a full disk leaves the old file or the new one."""
+        try:
+            write_text_atomic(self.path, _csv_text(self.columns, rows, header=True))
+        except OSError as error:
+            raise self._failed(error) from None
 
     def start(self, start_step: int) -> str | None:
         """Take over the file for a run that starts after `start_step` optimizer steps (0 = a fresh
@@ -191,6 +197,13 @@ class MetricsFile:
             self.columns = sorted(set(self.columns) | new)
             self._rewrite([*old, *rows])
             return
-        with open(self.path, "a", newline="", encoding="utf-8") as handle:
-            handle.write(_csv_text(self.columns, rows, header=False))
-            handle.flush()
+        text = _csv_text(self.columns, rows, header=False)
+        size = self.path.stat().st_size
+        try:
+            with open(self.path, "a", newline="", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+        except OSError as error:
+            with contextlib.suppress(OSError):  # no half row: the file ends with the last complete one
+                os.truncate(self.path, size)
+            raise self._failed(error) from None

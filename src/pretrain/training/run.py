@@ -29,7 +29,7 @@ from rich.console import Console
 from ..config import Config, to_config
 from ..data.cache import CacheSpec
 from ..data.policies import PolicySettings
-from ..errors import CheckpointError, ConfigError, PretrainError
+from ..errors import CheckpointError, ConfigError, PretrainError, WriteError
 from ..fileio import remove_stale_temporaries, write_text_atomic
 from ..model import GPTConfig
 from .checkpoint_io import RecordedModelCheckpoint, VerifiedCheckpointIO, raise_failed_save
@@ -43,7 +43,14 @@ from .progress import StepProgressBar, progress_callbacks, warn_if_slow_on_cpu
 from .recorder import BatchRecorder
 from .rundir import RunLock, claimed_here
 
-_NOISE = ("litlogger", "`weights_only` was not set", "LeafSpec", "GPU available", "TPU available", "`Trainer.fit` stopped")
+_NOISE = (
+    "litlogger",
+    "`weights_only` was not set",
+    "LeafSpec",
+    "GPU available",
+    "TPU available",
+    "`Trainer.fit` stopped",
+)
 
 
 class _DropNoise(logging.Filter):
@@ -406,7 +413,7 @@ def _write_outputs(output_dir: Path, summary: dict, config: Config) -> None:
             output_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.structured(config), resolve=True)
         )
     except OSError as error:
-        raise CheckpointError(
+        raise WriteError(
             f"could not write {output_dir / 'run.json'}: {error.strerror or error}; free disk space "
             f"(the checkpoint {output_dir / 'checkpoints' / 'last.ckpt'} is complete)"
         ) from None
