@@ -269,9 +269,8 @@ class EpochFits(L.Callback):
         sampler = getattr(datamodule, "train_sampler", None)
         if sampler is None:
             return
-        plan = sampler.plan(sampler.epoch)
-        if plan.batches == 0:
-            units = len(plan.layout)
+        units = len(sampler.plan(sampler.epoch).layout)
+        if sampler.batch_size * trainer.world_size > units:
             kind = "padded rows" if sampler.policy == "padded" else "packs"
             ranks = f" x {trainer.world_size} ranks" if trainer.world_size > 1 else ""
             raise ConfigError(
@@ -311,7 +310,7 @@ def _train(cfg: DictConfig | Config, callbacks, signals: Signals) -> dict:
             _writable_checkpoint_dir(output_dir / "checkpoints")
             return _fit(run, callbacks, signals)
         except PretrainError:
-            if fresh and _is_rank_zero() and signals.phase != FINISHING and not _trained(output_dir):
+            if fresh and _is_rank_zero() and not _trained(output_dir):
                 # A run that never started leaves no directory behind (only what Hydra and we made).
                 shutil.rmtree(output_dir, ignore_errors=True)
             raise
@@ -364,10 +363,10 @@ def _fit(run: RunSettings, callbacks, signals: Signals) -> dict:
             raise
         interrupted = error  # before training started (the cache build): a preemption without a step
     finally:
-        signals.phase = FINISHING
         # Trainer(deterministic=True) flips a process-wide torch flag; later jobs in this process
         # (a multirun, a notebook) must not inherit it.
         torch.use_deterministic_algorithms(deterministic_before)
+    signals.phase = FINISHING  # training is over: a signal now only skips the plot
     stopped_by = preemption.stopped_by or (interrupted.signum if interrupted else None)
     cache = datamodule.cache
     summary = {
@@ -471,4 +470,8 @@ def hydra_quote(value: str) -> str:
     path characters (spaces, accents, commas, brackets, quotes); the shell quoting goes around it."""
     if _HYDRA_PLAIN.fullmatch(value):
         return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    # Inside Hydra's quotes a backslash escapes only a quote or the backslashes before a quote (or
+    # before the closing one); every other backslash is literal.
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    escaped = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped)
+    return f"'{escaped}'"
