@@ -63,7 +63,8 @@ def test_a_batch_larger_than_an_epoch_is_refused_naming_its_size(tmp_path, cache
     out = tmp_path / "run"
     with pytest.raises(
         ConfigError,
-        match=r"train\.batch_size=100000 is more than an epoch of the train split, which has [\d,]+ packs: set train\.batch_size<=\d+",
+        match=r"train\.batch_size=100000 is more than an epoch of the train split, which has [\d,]+ packs: "
+        r"set train\.batch_size<=\d+",
     ):
         train(load_config([*TINY_RUN, "progress_bar=false", f"output_dir={out}", "train.batch_size=100000"]))
     assert not out.exists()  # nothing trained: no run directory left

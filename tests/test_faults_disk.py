@@ -113,10 +113,8 @@ def test_eval_output_is_checked_before_evaluating_and_written_atomically(
         cli.main(["eval", str(ckpt), f"output={target}"])
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert (
-        err[-1]
-        == f"error: could not write {target}: No space left on device; free disk space or pick another output=FILE"
-    )
+    disk_full = f"could not write {target}: No space left on device"
+    assert err[-1] == f"error: {disk_full}; free disk space or pick another output=FILE"
     assert not target.exists() and _temporaries(target.parent) == []  # no 0-byte JSON
     monkeypatch.undo()
     assert cli.main(["eval", str(ckpt), f"output={target}"]) == 0
@@ -133,9 +131,9 @@ def test_export_on_a_full_disk_leaves_nothing(tmp_path, saved_run, monkeypatch, 
         cli.main(["export", str(saved_run / "checkpoints" / "last.ckpt"), "--output", str(target)])
     assert exited.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert (
-        line
-        == f"error: could not write the export to {target}: No space left on device; free disk space or pick another --output (nothing was left behind)"
+    assert line == (
+        f"error: could not write the export to {target}: No space left on device; free disk space or "
+        "pick another --output (nothing was left behind)"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
@@ -182,10 +180,11 @@ def test_read_only_outputs_are_refused_before_the_work(tmp_path, saved_run):
         "export": [sys.executable, "-m", "pretrain.cli", "export", ckpt, "--output", str(read_only / "hf")],
         "train": [sys.executable, "train.py", *SMALL, f"hydra.run.dir={read_only / 'run'}"],
     }
+    not_writable = f"{read_only} is not writable"
     says = {
-        "eval": f"error: output={read_only / 'e.json'}: {read_only} is not writable; pick another output=FILE",
-        "export": f"error: --output {read_only / 'hf'}: {read_only} is not writable; pick a folder you can write",
-        "train": f"error: cannot create the run directory {read_only / 'run'}: {read_only} is not a writable folder",
+        "eval": f"error: output={read_only / 'e.json'}: {not_writable}; pick another output=FILE",
+        "export": f"error: --output {read_only / 'hf'}: {not_writable}; pick a folder you can write",
+        "train": f"error: cannot create the run directory {read_only / 'run'}: {read_only} is not a writable",
     }
     for name, args in cases.items():
         proc = _as_unprivileged(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +87,8 @@ def test_export_writes_a_directory_transformers_loads_offline(exported):
     card = (exported / "README.md").read_text()
     assert "bestfit" in card and "content_sha256" in card and "optimizer steps | 4" in card
     assert not [p for p in exported.parent.iterdir() if p.name.startswith(".")]  # no tmp left
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in exported.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] == 0o644  # not safetensors' 0600
 
 
 def test_exported_logits_equal_the_project_model(trained, exported):
@@ -254,7 +257,7 @@ def test_cli_export_and_eval(trained, tmp_path, cache_root):
     assert missing.returncode == 2 and "nope.ckpt does not exist" in missing.stderr
 
 
-def test_training_starts_from_init_from(cache_root, exported, tmp_path):
+def test_training_starts_from_init_from(cache_root, exported, tmp_path, capfd):
     out = tmp_path / "run"
     overrides = [
         *BASE,
@@ -265,6 +268,11 @@ def test_training_starts_from_init_from(cache_root, exported, tmp_path):
     ]
     summary = train(
         load_config([*overrides, f"model.init_from={exported}", "train.lr=1e-9", "train.warmup_steps=0"])
+    )
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("model.init_from:")]
+    assert len(said) == 1  # one line saying what it loaded: 4 x 12 block tensors + 2 embeddings + ln_f
+    assert (
+        said[0] == f"model.init_from: loaded 52 tensors of {exported} (4 layers, d_model 128, 128 positions)"
     )
     fresh = train(load_config([*BASE, f"output_dir={tmp_path / 'fresh'}", *overrides[3:]]))
     # Starting from the trained weights, the first loss is already far below a fresh init's.

@@ -189,3 +189,32 @@ def test_text_progress_off_a_terminal(cache_root, tmp_path, capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert [line.split(" | ")[0] for line in lines] == ["step 2/4", "step 4/4"]
     assert "tok/s" in lines[0] and "ETA" in lines[0] and "val " in lines[1]  # validation at the last step
+
+
+def test_scoring_says_how_far_it_is_when_it_takes_long(capsys):
+    """Validation and `pretrain eval` share one scoring loop; a slow one prints a progress line."""
+    import io
+
+    from pretrain.evaluate import ScoringProgress, score_batches
+    from pretrain.model import GPT, GPTConfig
+
+    stream = io.StringIO()
+    progress = ScoringProgress("eval", total=3, every=0.0, stream=stream)
+    model = GPT(GPTConfig(vocab_size=50257, max_seq_len=32, n_layer=1, n_head=2, d_model=16), attn="sdpa")
+    batches = [_random_batch(seed) for seed in range(3)]
+    model.train()
+    nats, targets = score_batches(model, batches, torch.device("cpu"), progress)
+    assert model.training  # left in the mode it was in
+    assert int(targets) == sum(b.num_targets for b in batches)
+    expected = sum(float(model.eval().token_losses(b).sum()) for b in batches)
+    assert float(nats) == pytest.approx(expected, rel=1e-6)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("eval: 1/3 batches, ") and lines[-1].startswith("eval: 3/3 batches, ")
+
+
+def _random_batch(seed: int):
+    from pretrain.data.batch import gather_packed
+
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 50256, size=40).astype(np.uint16)
+    return gather_packed(tokens, np.array([0, 20]), np.array([12, 10]), np.array([2]), 32)
