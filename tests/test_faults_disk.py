@@ -81,10 +81,12 @@ def test_a_killed_writers_temporaries_are_removed_at_the_next_start(tmp_path, ca
     dead = 2**22 + 12345  # above any pid_max: no such process
     stale = out / "checkpoints" / f".last.ckpt.{dead}.0123abcd.tmp"
     stale.write_bytes(b"x" * 4096)
+    legacy = out / "checkpoints" / f".step000004.ckpt.tmp-{dead}"  # what earlier versions left
+    legacy.write_bytes(b"x" * 4096)
     mine = out / f".run.json.{os.getpid()}.0123abcd.tmp"  # a live writer's: kept
     mine.write_text("{}")
     train(compose(out, "train.max_steps=1", "train.warmup_steps=0"))
-    assert not stale.exists() and mine.exists()
+    assert not stale.exists() and not legacy.exists() and mine.exists()
 
 
 def test_enospc_in_metrics_csv_is_one_line_and_keeps_whole_rows(tmp_path, cache_root, monkeypatch):

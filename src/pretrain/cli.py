@@ -141,8 +141,9 @@ def _check_output_file(output: str) -> Path:
 
 def _write_output(path: Path, text: str) -> None:
     from .errors import WriteError
-    from .fileio import write_text_atomic
+    from .fileio import remove_stale_temporaries, write_text_atomic
 
+    remove_stale_temporaries(path.parent)  # of an earlier eval killed while writing
     try:
         write_text_atomic(path, text)
     except OSError as error:

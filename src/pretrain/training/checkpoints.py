@@ -125,12 +125,41 @@ def _check_torch_archive(path: Path) -> None:
         raise CheckpointError(f"checkpoint {path} is a zip archive but not a torch checkpoint (no data.pkl)")
 
 
+_LEGACY_TEMP = re.compile(r"^\..+\.tmp-(?P<pid>\d+)$")  # `.step000004.ckpt.tmp-PID` of earlier versions
+
+
+def remove_killed_writes(folder: Path) -> list[Path]:
+    """The temporaries of writers killed mid-write (a full disk, kill -9) in `folder`: fileio's, and
+    the `.<name>.tmp-<pid>` files earlier versions wrote. A live process's are kept."""
+    removed = remove_stale_temporaries(folder)
+    for entry in folder.glob(".*.tmp-*") if folder.is_dir() else ():
+        match = _LEGACY_TEMP.match(entry.name)
+        if match and not _alive(int(match["pid"])) and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def save_verified(checkpoint: dict[str, Any], path: Path) -> str:
     """torch.save `checkpoint` to `path` atomically; returns its sha256 (also in `<path>.sha256`)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(path.parent)  # what a writer killed mid-write left behind
+        remove_killed_writes(path.parent)  # what a writer killed mid-write left behind
         with atomic_write(path, "wb") as handle:
             writer = _HashingWriter(handle)
             torch.save(checkpoint, writer)  # type: ignore[arg-type]

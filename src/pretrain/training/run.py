@@ -30,10 +30,10 @@ from ..config import Config, to_config
 from ..data.cache import CacheSpec
 from ..data.policies import PolicySettings
 from ..errors import CheckpointError, ConfigError, PretrainError, WriteError
-from ..fileio import remove_stale_temporaries, write_text_atomic
+from ..fileio import write_text_atomic
 from ..model import GPTConfig
 from .checkpoint_io import RecordedModelCheckpoint, VerifiedCheckpointIO, raise_failed_save
-from .checkpoints import AUTO, newest_valid_checkpoint, write_record
+from .checkpoints import AUTO, newest_valid_checkpoint, remove_killed_writes, write_record
 from .checks import attention_backend, check_checkpoint
 from .datamodule import PretrainDataModule
 from .loggers import DataStatistics, MetricsStart, build_loggers, finish_loggers
@@ -305,7 +305,7 @@ def _train(cfg: DictConfig | Config, callbacks, signals: Signals) -> dict:
     try:
         try:
             for folder in (output_dir, output_dir / "checkpoints"):
-                remove_stale_temporaries(folder)  # of writers killed mid-write (a full disk, kill -9)
+                remove_killed_writes(folder)  # of writers killed mid-write (a full disk, kill -9)
             run = run.resolve_auto()
             _writable_checkpoint_dir(output_dir / "checkpoints")
             return _fit(run, callbacks, signals)
