@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
         ("train.grad_clip=-1", "train.grad_clip=-1.0 must be > 0, or null for no clipping"),
         ("train.warmup_steps=500", "train.warmup_steps=500 must be <= train.max_steps=200"),
         (
-            "train.microbatch_tokens=100",
+            "train.batch_size=null train.microbatch_tokens=100",
             "train.microbatch_tokens=100 is less than one row of data.max_seq_len=512",
         ),
         ("train.betas=[0.9]", "train.betas=[0.9] must be two numbers in [0, 1)"),
@@ -40,12 +40,12 @@ REPO = Path(__file__).resolve().parents[1]
         ("trainer.devices=0", "trainer.devices=0 must be a count >= 1, -1 (all), auto or a list"),
         ("trainer.num_nodes=0", "trainer.num_nodes=0 must be >= 1"),
         ("seed=-1", "seed=-1 must be in [0, 4294967295]"),
-        ("train.accumulation=0", "train.accumulation=0 must be >= 1"),
+        ("train.accumulation=0", "train.accumulation must be a positive integer, got 0"),
     ],
 )
 def test_settings_that_would_train_badly_are_refused_with_their_range(override, says):
     with pytest.raises(ConfigError) as error:
-        to_config(load_config([override]))
+        to_config(load_config(override.split()))
     assert str(error.value).startswith(says)
 
 

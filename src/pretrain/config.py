@@ -356,15 +356,6 @@ class TrainConfig:
             "log_every_n_steps",
         ):
             _at_least(f"train.{key}", getattr(self, key), 1)
-        for key in (
-            "batch_size",
-            "microbatch_tokens",
-            "packing_buffer",
-            "accumulation",
-            "eval_microbatch_tokens",
-        ):
-            _at_least(f"train.{key}", getattr(self, key), 1)
-        _at_least("train.val_batches", self.val_batches, 1)
         _at_least("train.warmup_steps", self.warmup_steps, 0)
         self._check_batching()
         if _is_set(self.lr) and not self.lr > 0:
