@@ -80,10 +80,16 @@ class RunLock:
         import fcntl
         import socket
 
-        from ..errors import ConfigError
+        from ..errors import ConfigError, WriteError
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path, "a+")
+        except OSError as error:
+            raise WriteError(
+                f"cannot write the run directory {self.path.parent}: {error.strerror or error}; make it "
+                "writable or run elsewhere (hydra.run.dir=... or output_dir=...)"
+            ) from None
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
