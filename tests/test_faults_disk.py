@@ -16,12 +16,12 @@ import pytest
 import torch
 from conftest import TINY_RUN, module_cache_root
 
+from pretrain import checkpoint_files as checkpoints
 from pretrain import cli, fileio
 from pretrain.config import load_config
 from pretrain.errors import CheckpointError, ConfigError, WriteError
 from pretrain.hf import init_from, read_hf_config
 from pretrain.model import GPT, GPTConfig
-from pretrain.training import checkpoints
 from pretrain.training.run import train
 
 cache_root = module_cache_root("checkpoint-tests-cache")

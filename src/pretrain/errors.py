@@ -49,16 +49,9 @@ def one_line_errors() -> tuple[type[BaseException], ...]:
     return (PretrainError, HydraException, OmegaConfBaseException)
 
 
-def _group_options(group: str, found: list[str]) -> list[str]:
-    """What a user can choose for `group`: its conf/<group>/*.yaml files (Hydra's list also holds the
-    schemas registered in its ConfigStore under the same group)."""
-    try:
-        from .config import config_dir
-
-        files = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
-    except Exception:  # no conf/ found: Hydra's own list
-        files = []
-    return files or sorted(found)
+def _group_options(found: list[str]) -> list[str]:
+    """What a user can choose: Hydra's list without the schemas registered in its ConfigStore."""
+    return sorted(option for option in found if not option.endswith("_schema"))
 
 
 def describe(error: BaseException) -> str:
@@ -68,7 +61,7 @@ def describe(error: BaseException) -> str:
     missing = getattr(error, "missing_cfg_file", None)
     if options and missing and "/" in str(missing):
         group, _, option = str(missing).rpartition("/")
-        return f"{group}={option}: no such option; choose one of {', '.join(_group_options(group, options))}"
+        return f"{group}={option}: no such option; choose one of {', '.join(_group_options(options))}"
     message = str(error).strip()
     cause = error.__cause__
     if cause is not None and str(cause).strip() and str(cause).strip() not in message:

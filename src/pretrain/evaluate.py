@@ -9,9 +9,7 @@ the same for every `data.policy`.
 from __future__ import annotations
 
 import math
-import sys
-import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,7 +17,6 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .config import Config, config_dir, to_config, upgrade_run_config, with_group_option
-from .data.batch import PackedBatch
 from .data.cache import CacheSpec
 from .data.evaluation import document_bytes, evaluation_batches, evaluation_units
 from .data.policies import PolicySettings, split_chunks
@@ -30,6 +27,7 @@ from .errors import CheckpointError, ConfigError
 from .hf import model_weights
 from .model import GPT, GPTConfig
 from .model.attention import check_backend
+from .training.scoring import ScoringProgress, score_batches
 
 
 @dataclass(frozen=True)
@@ -41,62 +39,6 @@ class Evaluation:
     documents: int
     nats: float
     bytes: int
-
-
-class ScoringProgress:
-    """A line on stderr every `every` seconds while batches are scored (`label: 12/40 batches, 10 s`),
-    and one at the end when any was printed: a long validation or eval is never silent."""
-
-    def __init__(self, label: str, total: int | None = None, every: float = 5.0, stream=None):
-        self.label, self.total, self.every = label, total, every
-        self.stream = stream
-        self.started = time.perf_counter()
-        self.next_line = self.started + every
-        self.printed = False
-
-    def _say(self, done: int) -> None:
-        of = f"/{self.total}" if self.total is not None else ""
-        seconds = time.perf_counter() - self.started
-        print(
-            f"{self.label}: {done}{of} batches, {seconds:.0f} s", file=self.stream or sys.stderr, flush=True
-        )
-        self.printed = True
-
-    def update(self, done: int) -> None:
-        if time.perf_counter() >= self.next_line:
-            self._say(done)
-            self.next_line = time.perf_counter() + self.every
-
-    def close(self, done: int) -> None:
-        if self.printed:
-            self._say(done)
-
-
-def score_batches(
-    model: GPT, batches: Iterable[PackedBatch], device: torch.device, progress: ScoringProgress | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The one scoring loop (training's val/loss and `pretrain eval`): the summed cross-entropy of
-    every counted target of `batches` and their count, both float64 on `device` (each batch's sum
-    is taken in the model's dtype, then accumulated in float64). The model is scored in eval mode
-    and left in the mode it was in."""
-    was_training = model.training
-    model.eval()
-    nats = torch.zeros((), dtype=torch.float64, device=device)
-    targets = torch.zeros((), dtype=torch.float64, device=device)
-    done = 0
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                nats += model.token_losses(batch.to(device)).sum().double()
-                targets += float(batch.num_targets)
-                done += 1
-                if progress is not None:
-                    progress.update(done)
-    finally:
-        model.train(was_training)
-    if progress is not None:
-        progress.close(done)
-    return nats, targets
 
 
 def evaluate(
@@ -150,7 +92,7 @@ def saved_config(checkpoint: dict, overrides: Sequence[str] = ()) -> Config:
 
 def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict:
     """The `pretrain eval` result: loss, perplexity, bits_per_byte, targets, documents, step."""
-    from .training.checkpoints import load_trainer_checkpoint
+    from .checkpoint_files import load_trainer_checkpoint
 
     checkpoint = load_trainer_checkpoint(path)  # its record compared first, then weights_only
     config = saved_config(checkpoint, overrides)

@@ -165,7 +165,7 @@ def check_export_output(output: Path | str) -> Path:
 def export(checkpoint_path: Path | str, output: Path | str) -> Path:
     """Write `output` as a Hugging Face GPT-2 directory; built beside it and renamed into place, so a
     failure (a full disk, a permission) leaves nothing behind."""
-    from .training.checkpoints import load_trainer_checkpoint
+    from .checkpoint_files import load_trainer_checkpoint
 
     output = check_export_output(output)
     try:

@@ -18,9 +18,9 @@ import torch
 
 from ..config import TrainConfig
 from ..data.batch import PackedBatch
-from ..evaluate import ScoringProgress, score_batches
 from ..model import GPT, GPTConfig
 from ..model.flops import peak_flops, training_flops
+from .scoring import ScoringProgress, score_batches
 from .update import run_update
 
 
