@@ -1,4 +1,5 @@
-"""The user-facing entry points as a user runs them: `python train.py` and `pretrain inspect-data`."""
+"""The user-facing entry points as a user runs them: `python train.py`, `pretrain inspect-data`, and the
+command line's one convention for outputs (`--output PATH` or `output=PATH`, every subcommand)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from conftest import DESIGN_KEYS
+
+from pretrain.cli import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,6 +92,63 @@ def test_inspect_data_writes_every_design_key(tmp_path, env, policy):
     assert proc.stdout.strip().splitlines()[-1] == str(output.resolve())
 
 
-def test_inspect_data_without_output_is_a_clear_error(env):
-    proc = _run([sys.executable, "-m", "pretrain.cli", "inspect-data"], env)
-    assert proc.returncode == 2 and "output=FILE" in proc.stderr
+def test_inspect_data_without_output_prints_its_table_and_writes_nothing(tmp_path, env):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pretrain.cli", "inspect-data", "data=padded", "data.max_seq_len=128"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "inspect-data: policy padded, max_seq_len 128" in proc.stdout
+    assert "truncated_pairs" in proc.stdout and "padding_waste" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["inspect-data", "data=padded", "output=s.json"], ("inspect-data", "s.json")),
+        (["inspect-data", "--output", "s.json", "data=padded"], ("inspect-data", "s.json")),
+        (["eval", "c.ckpt", "data=padded", "output=e.json", "attn=sdpa"], ("eval", "e.json")),
+        (["eval", "c.ckpt", "data=padded", "--output", "e.json", "attn=sdpa"], ("eval", "e.json")),
+        (["export", "c.ckpt", "output=hf"], ("export", "hf")),
+        (["export", "c.ckpt", "--output=hf"], ("export", "hf")),
+        (["compare", "a", "output=x.png", "b"], ("compare", "x.png")),
+        (["compare", "a", "b", "--output", "x.png"], ("compare", "x.png")),
+    ],
+)
+def test_every_subcommand_takes_output_in_both_spellings(argv, expected):
+    args = parse_args(argv)
+    assert (args.command, args.output) == expected
+    # output= is never left among the overrides (no config key is called output)
+    assert not any(item.startswith("output=") for item in getattr(args, "overrides", []))
+    if args.command == "eval":
+        assert args.overrides == ["data=padded", "attn=sdpa"]
+    if args.command == "compare":
+        assert args.dirs == ["a", "b"]
+
+
+def test_inspect_data_and_eval_need_no_output():
+    assert parse_args(["inspect-data"]).output is None
+    assert parse_args(["eval", "c.ckpt"]).output is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "message"),
+    [
+        (["eval", "c.ckpt", "--bogus"], "usage: pretrain eval ", "unrecognized arguments: --bogus"),
+        (["export", "c.ckpt"], "usage: pretrain export ", "the following arguments are required: --output"),
+        (["eval", "c.ckpt", "--output"], "usage: pretrain eval ", "--output: expected one argument"),
+        (["compare"], "usage: pretrain compare ", "the following arguments are required: dirs"),
+        (["inspect-data", "--wandb"], "usage: pretrain inspect-data ", "unrecognized arguments: --wandb"),
+    ],
+)
+def test_a_usage_error_shows_the_subcommands_usage(argv, usage, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.startswith(usage) and message in err

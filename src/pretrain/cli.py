@@ -1,5 +1,9 @@
 """The `pretrain` command: prepare, verify, inspect-data, compare, eval, export.
 
+One convention for outputs: every subcommand that writes a file takes `--output PATH` and `output=PATH`
+alike (the Hydra-style spelling sits naturally among overrides). A usage error shows the usage of the
+subcommand it concerns.
+
 Errors a user can fix (`pretrain.errors.PretrainError` and Hydra's config errors) are printed in one
 line with exit status 2; anything else keeps its traceback.
 """
@@ -17,16 +21,8 @@ from rich.table import Table
 
 from .errors import ConfigError, exit_on_user_error
 
-
-def _split_option(overrides: list[str], name: str) -> tuple[str | None, list[str]]:
-    """Pull `name=VALUE` (not a config key) out of the Hydra overrides."""
-    value, rest = None, []
-    for item in overrides:
-        if item.startswith(f"{name}="):
-            value = item.split("=", 1)[1]
-        else:
-            rest.append(item)
-    return value, rest
+OUTPUT_SPELLING = "output="
+"""`output=PATH` among the arguments means `--output PATH` (not a config key: no schema has `output`)."""
 
 
 def counts_table(cache) -> Table:
@@ -93,10 +89,7 @@ def cmd_verify(overrides: list[str]) -> int:
     return 0
 
 
-def cmd_inspect(overrides: list[str]) -> int:
-    output, overrides = _split_option(overrides, "output")
-    if not output:
-        raise ConfigError("inspect-data needs output=FILE.json for the statistics")
+def cmd_inspect(overrides: list[str], output: str | None) -> int:
     config, spec = _cache_spec(overrides)
     from .data.policies import PolicySettings
     from .data.prepare import prepare_cache
@@ -107,11 +100,12 @@ def cmd_inspect(overrides: list[str]) -> int:
     stats = inspect_split(
         settings, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir
     )
-    path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(stats, indent=2, default=float) + "\n")
     Console().print(render_table(stats))
-    print(path.resolve())
+    if output:  # without one the table is the answer
+        path = Path(output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(stats, indent=2, default=float) + "\n")
+        print(path.resolve())
     return 0
 
 
@@ -152,10 +146,9 @@ def _write_output(path: Path, text: str) -> None:
         ) from None
 
 
-def cmd_eval(checkpoint: str, overrides: list[str]) -> int:
+def cmd_eval(checkpoint: str, overrides: list[str], output: str | None) -> int:
     from .evaluate import evaluate_checkpoint
 
-    output, overrides = _split_option(overrides, "output")
     path = _check_output_file(output) if output else None  # before minutes of evaluation
     result = evaluate_checkpoint(checkpoint, overrides)
     table = Table(title=f"eval: {checkpoint} (step {result['step']}, policy {result['policy']})")
@@ -179,6 +172,10 @@ def cmd_export(checkpoint: str, output: str) -> int:
     return 0
 
 
+def _add_output(parser: argparse.ArgumentParser, help: str, required: bool = False) -> None:
+    parser.add_argument("--output", metavar="PATH", required=required, help=f"{help} (or output=PATH)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pretrain", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -189,12 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="full sha256 verification of the cache; prints its directory last")
     verify.add_argument("overrides", nargs="*", help="Hydra overrides naming the cache, as for prepare")
     inspect = sub.add_parser("inspect-data", help="statistics of the cache under the chosen policy")
-    inspect.add_argument("overrides", nargs="*", help="Hydra overrides plus output=FILE.json")
-    compare = sub.add_parser("compare", help="loss and padding waste of runs or sweeps side by side")
+    inspect.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. data=padded data.max_seq_len=1024"
+    )
+    _add_output(inspect, "also write the statistics as JSON to this file (the table is always printed)")
+    compare = sub.add_parser(
+        "compare", help="what packing bought: loss, waste and truncation of runs side by side"
+    )
     compare.add_argument("dirs", nargs="+", help="run directories or multirun directories")
-    compare.add_argument(
-        "--output",
-        help="image file for the plot: .png, .pdf, .svg, ... (default: compare.png in the first directory); "
+    _add_output(
+        compare,
+        "image file for the plot: .png, .pdf, .svg, ... (default: compare.png in the first directory); "
         "the markdown table goes beside it (.md)",
     )
     compare.add_argument(
@@ -205,26 +207,59 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and bits per byte of a checkpoint")
     evaluate.add_argument("checkpoint", help="a .ckpt written by python train.py")
     evaluate.add_argument(
-        "overrides", nargs="*", help="overrides on the checkpoint's config, plus output=FILE.json"
+        "overrides", nargs="*", help="overrides on the checkpoint's config, e.g. data=padded"
     )
+    _add_output(evaluate, "also write the result as JSON to this file")
     export = sub.add_parser("export", help="a Hugging Face GPT2LMHeadModel directory from a checkpoint")
     export.add_argument("checkpoint", help="a .ckpt written by python train.py")
-    export.add_argument("--output", required=True, help="a new directory")
+    _add_output(export, "the new model directory", required=True)
     return parser
 
 
+def _options_last(argv: list[str]) -> list[str]:
+    """After the subcommand: `output=PATH` becomes `--output=PATH` (both spellings mean the same) and
+    the options move behind the positionals, so `eval CKPT data=padded --output e.json attn=sdpa`
+    keeps every override (argparse stops filling `overrides` at the first option)."""
+    if not argv or argv[0].startswith("-"):
+        return argv
+    positionals, options = [], []
+    items = iter(argv[1:])
+    for item in items:
+        if item == "--output":
+            value = next(items, None)  # none: argparse says "expected one argument"
+            options.append("--output" if value is None else f"--output={value}")
+        elif item.startswith(OUTPUT_SPELLING):
+            options.append(f"--{item}")
+        elif item.startswith("-"):
+            options.append(item)
+        else:
+            positionals.append(item)
+    return [argv[0], *positionals, *options]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line; a usage error names the subcommand's usage, not the top level's."""
+    argv = _options_last(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would report these with the top-level usage
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subparsers.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         with exit_on_user_error():
             if args.command == "prepare":
                 return cmd_prepare(args.overrides)
             if args.command == "inspect-data":
-                return cmd_inspect(args.overrides)
+                return cmd_inspect(args.overrides, args.output)
             if args.command == "verify":
                 return cmd_verify(args.overrides)
             if args.command == "eval":
-                return cmd_eval(args.checkpoint, args.overrides)
+                return cmd_eval(args.checkpoint, args.overrides, args.output)
             if args.command == "export":
                 return cmd_export(args.checkpoint, args.output)
             return cmd_compare(args)
