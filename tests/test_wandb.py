@@ -18,7 +18,14 @@ from pretrain.data.policies import PolicySettings
 from pretrain.data.prepare import prepare_cache
 from pretrain.data.stats import inspect_split
 from pretrain.report.compare import COLUMNS, Run, load_run, run_group_of
-from pretrain.training.loggers import PLOT_KEY, TOKEN_AXIS, flat_statistics, run_name
+from pretrain.training.loggers import (
+    PLOT_KEY,
+    TOKEN_AXIS,
+    TokenAxisWandbLogger,
+    build_loggers,
+    flat_statistics,
+    run_name,
+)
 from pretrain.training.run import train
 
 GROUP = "wandb-test"
@@ -217,3 +224,20 @@ def test_compare_finds_the_group_the_runs_logged_to(tmp_path):
     single = {"mode": "RUN", "runtime": {"output_dir": job}}
     assert run_group_of(_job(tmp_path, single)) == "exp"
     assert run_group_of(_job(tmp_path, None)) == "exp"
+
+
+def test_the_wandb_logger_starts_without_the_anonymous_setting_warning(tmp_path, monkeypatch, capfd):
+    """Lightning passes `anonymous=None` to wandb.init, and W&B warns it "has no effect": not passed."""
+    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        (tmp_path / name).mkdir()
+        monkeypatch.setenv(name, str(tmp_path / name))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    config = to_config(load_config(["experiment=smoke", "logger=wandb", f"output_dir={tmp_path / 'run'}"]))
+    (logger,) = [lg for lg in build_loggers(config, tmp_path / "run") if isinstance(lg, TokenAxisWandbLogger)]
+    assert "anonymous" not in logger._wandb_init
+    try:
+        assert logger.experiment.name == run_name(config)
+    finally:
+        logger.experiment.finish()
+    captured = capfd.readouterr()
+    assert "anonymous" not in captured.out + captured.err

@@ -110,6 +110,12 @@ class TokenAxisWandbLogger(WandbLogger):
 
     _token_axis_defined = False
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # Lightning always passes `anonymous` to wandb.init (None unless asked for), and W&B warns that
+        # the setting "has no effect" whenever the key is there: leave it out.
+        self._wandb_init.pop("anonymous", None)
+
     @property
     @rank_zero_experiment
     def experiment(self) -> Any:
