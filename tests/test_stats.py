@@ -11,7 +11,7 @@ from conftest import DESIGN_KEYS as INSPECT_DATA_KEYS
 from conftest import policy_cfg, split_of
 from rich.console import Console
 
-from pretrain.data.stats import inspect_split, render_table, verbatim_leaks
+from pretrain.data.stats import inspect_split, render_table, stats_warnings, verbatim_leaks
 from pretrain.data.tokens import TokenSplit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -400,3 +400,14 @@ def test_the_audit_is_in_the_table():
     text = console.export_text()
     assert "truncated_documents" in text and "50.00 %" in text  # 2 of 4 documents
     assert "units_vs_concat" in text and "0.80000" in text
+
+
+def test_the_leak_warning_names_the_documents_and_where_every_id_is():
+    train, plain = leak_fixture()
+    ids = [f"{d:02d}" + "ab" * 31 for d in range(len(plain))]  # sha256-like: 64 hex characters
+    validation = TokenSplit(plain.tokens, plain.offsets, plain.lengths, name="validation", ids=ids)
+    stats = inspect_split(make_cfg("bestfit", "data.max_seq_len=64"), train, validation)
+    assert stats["verbatim_leak_ids"] == [ids[0], ids[4]]  # the planted window and the whole copy
+    (warning,) = stats_warnings(stats)
+    assert f"ids {ids[0][:12]}, {ids[4][:12]};" in warning
+    assert "verbatim_leak_ids in the JSON of inspect-data output=FILE" in warning

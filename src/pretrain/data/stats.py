@@ -31,6 +31,8 @@ PERCENT_KEYS = frozenset(
         "fragmented_documents",
     }
 )
+LEAK_IDS_NAMED = 3
+"""The leak warning names this many documents (id prefixes); the JSON lists every one."""
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
 _BLOCK_TOKENS = 1 << 20
 
@@ -77,11 +79,16 @@ def window_hashes(split: TokenSplit, window: int = LEAK_WINDOW, block_tokens: in
 
 
 def verbatim_leaks(train: TokenSplit, validation: TokenSplit, window: int = LEAK_WINDOW) -> int:
-    """Validation documents that share at least one `window`-token sequence with a train document.
+    """Validation documents that share at least one `window`-token sequence with a train document."""
+    return len(leaked_documents(train, validation, window))
+
+
+def leaked_documents(train: TokenSplit, validation: TokenSplit, window: int = LEAK_WINDOW) -> np.ndarray:
+    """The indices (ascending) of the validation documents `verbatim_leaks` counts.
     Memory: the validation hashes plus one train block at a time."""
     parts = list(window_hashes(validation, window))
     if not parts:
-        return 0
+        return np.zeros(0, dtype=np.int64)
     val_hash = np.concatenate([h for h, _ in parts])
     val_doc = np.concatenate([d for _, d in parts])
     unique = np.unique(val_hash)
@@ -89,7 +96,7 @@ def verbatim_leaks(train: TokenSplit, validation: TokenSplit, window: int = LEAK
     for train_hash, _ in window_hashes(train, window):
         found |= np.isin(unique, train_hash)
     leaked = np.isin(val_hash, unique[found])
-    return len(np.unique(val_doc[leaked]))
+    return np.unique(val_doc[leaked])
 
 
 def _length_summary(lengths: np.ndarray) -> dict:
@@ -106,7 +113,9 @@ def _length_summary(lengths: np.ndarray) -> dict:
 def _audits(train: TokenSplit, validation: TokenSplit) -> dict:
     """The costly checks: ids in both splits (every id) and verbatim leaks (every token)."""
     overlap = len(set(train.ids) & set(validation.ids)) if train.ids and validation.ids else 0
-    return {"train_validation_overlap": overlap, "verbatim_leaks": verbatim_leaks(train, validation)}
+    leaked = leaked_documents(train, validation)
+    ids = [validation.ids[i] for i in leaked] if validation.ids else [str(i) for i in leaked]
+    return {"train_validation_overlap": overlap, "verbatim_leaks": len(leaked), "verbatim_leak_ids": ids}
 
 
 def inspect_split(
@@ -185,9 +194,14 @@ def stats_warnings(stats: dict) -> list[str]:
             f"WARNING: {stats['train_validation_overlap']} document ids are in both train and validation"
         )
     if stats.get("verbatim_leaks", 0) > 0:
+        ids = stats.get("verbatim_leak_ids", [])
+        named = ", ".join(i[:12] for i in ids[:LEAK_IDS_NAMED]) + (
+            ", ..." if len(ids) > LEAK_IDS_NAMED else ""
+        )
         lines.append(
             f"WARNING: {stats['verbatim_leaks']} validation documents share a {LEAK_WINDOW}-token window "
-            "with a train document (verbatim leak)"
+            f"with a train document (verbatim leak): ids {named}; every id: verbatim_leak_ids in the "
+            "JSON of inspect-data output=FILE"
         )
     return lines
 
@@ -219,7 +233,7 @@ def render_table(stats: dict) -> Table:
     table.add_column("value", justify="right")
     loud = {"train_validation_overlap", "verbatim_leaks"}
     for key, value in stats.items():
-        if key in ("policy", "max_seq_len"):
+        if key in ("policy", "max_seq_len", "verbatim_leak_ids"):  # the ids: in the caption and JSON
             continue
         if isinstance(value, dict):
             for sub, item in value.items():
