@@ -11,11 +11,13 @@ runs' group.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import textwrap
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -25,6 +27,83 @@ from ..training.metrics_file import FILE_NAME
 from ..training.run_record import LOSS, Run, load_run, run_numbers
 
 log = logging.getLogger(__name__)
+
+
+ARM_COLORS = {
+    "padded": "tab:red",
+    "padded longest": "tab:orange",
+    "prepacked concat": "tab:purple",
+    "prepacked concat unmasked": "tab:pink",
+    "prepacked bfd": "tab:green",
+    "bestfit": "tab:blue",
+}
+"""One colour per batch layout (policy and its layout knobs), the same in every figure."""
+LAYOUT_ARMS = ("padded", "prepacked concat", "prepacked bfd", "bestfit")
+"""The layouts a single run's figure compares it with (on its data, at its max_seq_len)."""
+LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
+"""One line style per combination of the swept keys' values."""
+POLICY_KEYS = ("data.policy", "data.strategy", "data.document_mask", "data.pad_to")
+"""The keys that make a run's arm (its colour); the other keys that differ are the swept ones."""
+NOT_SWEPT = (
+    "output_dir",
+    "ckpt_path",
+    "experiment_name",
+    "progress_bar",
+    "record_batches",
+    "logger.",
+    "hydra.",
+)
+"""Keys that differ between runs without changing what they train."""
+
+
+def arm_name(data: dict) -> str:
+    """`padded`, `padded longest`, `prepacked concat`, `prepacked concat unmasked`, `prepacked bfd`,
+    `bestfit`: the batch layout a run's `data` group chooses."""
+    policy = str(data.get("policy", "?"))
+    if policy == "padded":
+        return "padded longest" if str(data.get("pad_to")) == "longest" else "padded"
+    if policy == "prepacked":
+        strategy = str(data.get("strategy", "concat"))
+        unmasked = strategy == "concat" and data.get("document_mask") is False
+        return f"prepacked {strategy}" + (" unmasked" if unmasked else "")
+    return policy
+
+
+@dataclass
+class Run:
+    path: Path
+    label: str
+    policy: str
+    max_seq_len: int | None
+    batch_size: int | None
+    series: dict[str, list[tuple[float, float]]]  # metric -> [(tokens, value)]
+    config: dict = field(default_factory=dict)  # the run's config.yaml
+    by_time: dict[str, list[tuple[float, float]]] = field(
+        default_factory=dict
+    )  # metric -> [(seconds, value)]
+    layouts: dict[str, dict] = field(default_factory=dict)  # arm -> waste and truncation on the run's data
+
+    @property
+    def arm(self) -> str:
+        return arm_name(self.config.get("data") or {"policy": self.policy})
+
+    def values(self, metric: str) -> np.ndarray:
+        return np.array([v for _, v in self.series.get(metric, [])], dtype=float)
+
+    def last(self, metric: str) -> float:
+        values = self.values(metric)
+        return float(values[-1]) if len(values) else math.nan
+
+    def mean(self, metric: str) -> float:
+        values = self.values(metric)
+        return float(values.mean()) if len(values) else math.nan
+
+    def truncated_fraction(self, arm: str | None = None) -> float:
+        """Prediction pairs the layout never trains (cut document tails) / all prediction pairs."""
+        layout = self.layouts.get(arm or self.arm)
+        if not layout or not layout["prediction_pairs"]:
+            return math.nan
+        return layout["truncated_pairs"] / layout["prediction_pairs"]
 
 
 def find_runs(directories: list[Path]) -> list[Path]:
@@ -39,19 +118,181 @@ def find_runs(directories: list[Path]) -> list[Path]:
     return list(dict.fromkeys(runs))
 
 
-def _drop_shared_label_parts(runs: list[Run]) -> None:
-    """In a sweep, overrides every run shares say nothing: keep what tells runs apart."""
-    if len(runs) < 2:
-        return
-    parts = [run.label.split(" ") for run in runs]
-    shared = set(parts[0]).intersection(*parts[1:])
-    for run, words in zip(runs, parts, strict=True):
-        run.label = " ".join(w for w in words if w not in shared) or run.label
+def _load_config(run_dir: Path) -> dict:
+    for candidate in (run_dir / "config.yaml", run_dir / ".hydra" / "config.yaml"):
+        if candidate.is_file():
+            return yaml.safe_load(candidate.read_text()) or {}
+    return {}
+
+
+def metrics_files(run_dir: Path) -> list[Path]:
+    """`metrics.csv`, after the `metrics.<n>.csv` beside it (n ascending): the order they are joined in."""
+    numbered = [p for p in run_dir.glob("metrics.*.csv") if re.fullmatch(r"metrics\.\d+\.csv", p.name)]
+    numbered.sort(key=lambda p: int(p.name.split(".")[1]))
+    main = run_dir / FILE_NAME
+    return [*numbered, *([main] if main.is_file() else [])]
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, float]]:
+    """The run's logged rows, one per step in step order (a step logged twice: the later write wins).
+    A file that is not a run's metrics (unreadable, no `step` or `train/loss` column, a cell that is
+    not a number) is a ConfigError naming it."""
+    rows: list[dict[str, float]] = []
+    for path in metrics_files(run_dir):
+        header, raw = read_table(path)
+        if LOSS not in header:
+            raise ConfigError(
+                f"{path} is not a training run's metrics file: it has no {LOSS} column; pass run "
+                "directories written by python train.py, or move this file away"
+            )
+        rows += numeric_rows(path, raw)
+    return join_steps(rows)
+
+
+def load_run(run_dir: Path) -> Run:
+    config = _load_config(run_dir)
+    series: dict[str, list[tuple[float, float]]] = {}
+    by_time: dict[str, list[tuple[float, float]]] = {}
+    tokens = seconds = 0.0
+    step = 0.0
+    for row in read_metrics(run_dir):
+        tokens = row.get("train/tokens", tokens)
+        # Training time: a logged step's own seconds stand for every step since the previous row
+        # (validation left out: it is the same work whatever the policy).
+        steps, step = row["step"] - step, row["step"]
+        seconds += steps * (row.get("train/step_seconds", math.nan) + row.get("train/data_seconds", 0.0))
+        for key, value in row.items():
+            if key not in ("step", "epoch"):
+                series.setdefault(key, []).append((tokens, value))
+                if math.isfinite(seconds):
+                    by_time.setdefault(key, []).append((seconds, value))
+    data = config.get("data", {})
+    return Run(
+        path=run_dir,
+        label=run_dir.name,
+        policy=str(data.get("policy", "?")),
+        max_seq_len=data.get("max_seq_len"),
+        batch_size=config.get("train", {}).get("batch_size"),
+        series=series,
+        config=config,
+        by_time=by_time,
+    )
+
+
+def _flat(config: dict, prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+    return flat
+
+
+def swept_keys(runs: list[Run]) -> list[str]:
+    """The config keys whose values differ between the runs, besides the arm's own (POLICY_KEYS) and
+    those that change nothing trained (NOT_SWEPT): what a sweep varies. A key that only repeats an
+    earlier one (`model.max_seq_len` follows `data.max_seq_len`) is left out."""
+    flats = [_flat(run.config) for run in runs]
+    kept: dict[tuple[str, tuple[str, ...]], str] = {}
+    for key in sorted(set().union(*flats)) if flats else []:
+        values = tuple(repr(flat.get(key)) for flat in flats)
+        if key in POLICY_KEYS or key.startswith(NOT_SWEPT) or len(set(values)) < 2:
+            continue
+        kept.setdefault((key.split(".")[-1], values), key)
+    return list(kept.values())
+
+
+def label_runs(runs: list[Run]) -> list[str]:
+    """Each run's label is its arm and the values of the swept keys (`padded max_seq_len=128`); runs
+    still alike (repeats, runs without a config) add their directory's name. Returns the swept keys."""
+    keys = swept_keys(runs)
+    for run in runs:
+        flat = _flat(run.config)
+        swept = " ".join(f"{key.split('.')[-1]}={flat.get(key)}" for key in keys)
+        run.label = f"{run.arm} {swept}".strip() if run.config else run.path.name
+    counts = Counter(run.label for run in runs)
+    for run in runs:
+        if counts[run.label] > 1:
+            run.label = f"{run.label} ({run.path.name})"
+    return keys
+
+
+def run_styles(runs: list[Run], keys: list[str]) -> tuple[list[str], list[Any]]:
+    """(colour, line style) per run: the colour is its arm's, the style that of its swept values."""
+    combos = [tuple(repr(_flat(run.config).get(key)) for key in keys) for run in runs]
+    order = list(dict.fromkeys(combos))
+    colors = [ARM_COLORS.get(run.arm, "tab:gray") for run in runs]
+    return colors, [LINE_STYLES[order.index(combo) % len(LINE_STYLES)] for combo in combos]
+
+
+# --- layouts: what each policy wastes and truncates on a run's data --------------------------------
+
+
+def layout_statistics(run: Run, arms: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Padding waste and truncated prediction pairs of the run's own layout and of `arms` (names in
+    LAYOUT_ARMS) on the run's train split at its max_seq_len, computed as `inspect-data` does (epoch
+    0, one rank; packs are built in memory, nothing is written). Empty when the run's cache is gone
+    or its config cannot be read (said in one line: the figure then leaves those bars out)."""
+    from dataclasses import replace
+
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ..config import PadTo, Policy, Strategy, to_config
+    from ..data.cache import Cache, read_manifest
+    from ..data.policies import PolicySettings
+    from ..data.stats import inspect_split
+    from ..errors import PretrainError
+
+    choices: dict[str, dict[str, Any]] = {
+        "padded": {"policy": Policy.padded, "pad_to": PadTo.max},
+        "prepacked concat": {"policy": Policy.prepacked, "strategy": Strategy.concat, "document_mask": True},
+        "prepacked bfd": {"policy": Policy.prepacked, "strategy": Strategy.bfd},
+        "bestfit": {"policy": Policy.bestfit},
+    }
+    try:
+        cache_dir = Path(json.loads((run.path / "run.json").read_text())["cache_dir"])
+        config = to_config(OmegaConf.create(run.config))
+        cache = Cache(directory=cache_dir, manifest=read_manifest(cache_dir))
+        train, validation = cache.split("train"), cache.split("validation")
+        datas = {run.arm: config.data}
+        datas |= {arm: replace(config.data, **choices[arm]) for arm in arms if arm != run.arm}
+        layouts = {}
+        for arm, data in datas.items():
+            settings = PolicySettings.from_config(data, config.train, config.seed)
+            stats = inspect_split(settings, train, validation, audits=False)
+            layouts[arm] = {
+                key: stats[key] for key in ("padding_waste", "truncated_pairs", "prediction_pairs")
+            }
+        return layouts
+    except (PretrainError, OSError, KeyError, ValueError, OmegaConfBaseException) as error:
+        log.info(f"{run.path}: no layout statistics ({type(error).__name__}: {error})")
+        return {}
 
 
 COLUMNS: tuple[str, ...] = ("run", "policy", "max_seq_len", "batch", "real tokens", "train loss")
-COLUMNS += ("val loss", "tokens/s", "padding waste", "pack util")
-_FORMATS = ("{}", "{}", "{}", "{}", "{:,.0f}", "{:.4f}", "{:.4f}", "{:,.0f}", "{:.1%}", "{:.1%}")
+COLUMNS += ("val loss", "tokens/s", "padding waste", "pack util", "truncated pairs", "train seconds")
+_FORMATS: tuple[str, ...] = ("{}", "{}", "{}", "{}", "{:,.0f}", "{:.4f}", "{:.4f}", "{:,.0f}")
+_FORMATS += ("{:.1%}", "{:.1%}", "{:.1%}", "{:,.1f}")
+
+
+def run_numbers(run: Run) -> dict[str, float]:
+    """A run's numbers in the table: last real tokens and losses, median tokens/s, mean padding waste
+    and pack utilization, its layout's truncated pairs (a fraction of all pairs) and its training
+    seconds (nan where the run has no value)."""
+    speeds = run.values("train/tokens_per_sec")
+    clock = run.by_time.get(LOSS, [])
+    return {
+        "real_tokens": run.last("train/tokens"),
+        "train_loss": run.last("train/loss"),
+        "val_loss": run.last("val/loss"),
+        "tokens_per_sec": float(np.median(speeds)) if len(speeds) else math.nan,
+        "padding_waste": run.mean("train/padding_waste"),
+        "pack_utilization": run.mean("train/pack_utilization"),
+        "truncated_pairs": run.truncated_fraction(),
+        "train_seconds": clock[-1][0] if clock else math.nan,
+    }
 
 
 def table_rows(runs: list[Run]) -> list[list]:
@@ -64,7 +305,10 @@ def table_rows(runs: list[Run]) -> list[list]:
 def markdown_table(runs: list[Run]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|---" * len(COLUMNS) + "|"]
     for row in table_rows(runs):
-        cells = [fmt.format(value) for fmt, value in zip(_FORMATS, row, strict=True)]
+        cells = [
+            "n/a" if isinstance(value, float) and math.isnan(value) else fmt.format(value)
+            for fmt, value in zip(_FORMATS, row, strict=True)
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -73,19 +317,21 @@ LEGEND_WIDTH = 40
 """Legend labels wrap at this many characters (bar labels are cut there): the figure keeps its shape."""
 
 
-def _short(label: str) -> str:
-    """`data=padded train.batch_size=2` -> `padded batch_size=2`: room for the numbers."""
-    return " ".join(
-        w.removeprefix("data=").removeprefix("data.").removeprefix("train.") for w in label.split(" ")
-    )
-
-
 def _wrapped(label: str) -> str:
     return "\n".join(textwrap.wrap(label, LEGEND_WIDTH, break_long_words=True)) or label
 
 
 def _cut(label: str) -> str:
     return label if len(label) <= LEGEND_WIDTH else label[: LEGEND_WIDTH - 1] + "…"
+
+
+def percent(value: float) -> str:
+    """A fraction as a bar label: `0%` for nothing (never `-0.0%`), `<0.1%` for a trace, `n/a` unknown."""
+    if not math.isfinite(value):
+        return "n/a"
+    if value <= 0:
+        return "0%"
+    return "<0.1%" if value < 0.0005 else f"{value:.1%}"
 
 
 def image_formats() -> set[str]:
@@ -106,47 +352,141 @@ def check_output(output: Path) -> None:
         )
 
 
-def plot(runs: list[Run], output: Path) -> None:
+@dataclass
+class Bar:
+    """One row of the bottom panels: a trained run, or (single run) a layout it is compared with."""
+
+    label: str
+    color: str
+    waste: float
+    truncated: float  # a fraction of the prediction pairs
+    truncated_pairs: float
+    tokens_per_sec: float
+    trained: bool = True
+
+
+def bars(runs: list[Run], colors: list[str]) -> list[Bar]:
+    """The trained runs (measured waste, their layout's truncation); for a single run also the other
+    layouts on its data at its max_seq_len (hatched in the figure: computed, not trained)."""
+    rows = [
+        Bar(
+            run.label,
+            color,
+            run.mean("train/padding_waste"),
+            run.truncated_fraction(),
+            run.layouts.get(run.arm, {}).get("truncated_pairs", math.nan),
+            run_numbers(run)["tokens_per_sec"],
+        )
+        for run, color in zip(runs, colors, strict=True)
+    ]
+    if len(runs) == 1:
+        (run,) = runs
+        for arm, layout in run.layouts.items():
+            if arm != run.arm:
+                rows.append(
+                    Bar(
+                        f"{arm} (layout only)",
+                        ARM_COLORS.get(arm, "tab:gray"),
+                        layout["padding_waste"],
+                        run.truncated_fraction(arm),
+                        layout["truncated_pairs"],
+                        math.nan,
+                        trained=False,
+                    )
+                )
+    return rows
+
+
+TOKENS_AXIS = "real tokens seen"
+TIME_AXIS = "training seconds (data + update steps; validation left out)"
+WASTE_TITLE = "padding waste: 1 - real / computed tokens"
+TRUNCATION_TITLE = "truncated: prediction pairs never trained (cut tails)"
+SPEED_TITLE = "real tokens / s (median)"
+
+
+def _truncation_text(row: Bar) -> str:
+    return percent(row.truncated) + (f" ({row.truncated_pairs:,.0f})" if row.truncated > 0 else "")
+
+
+def figure(runs: list[Run]):
+    """The comparison figure (not saved): loss against real tokens and against training time, colour
+    by arm and line style by the swept keys' values; below, per run (and for a single run per layout
+    on its data) padding waste, truncated prediction pairs and real tokens per second."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
+    keys = label_runs(runs)
+    colors, styles = run_styles(runs, keys)
     # Constrained layout makes room for the legend and long labels (tight_layout warned when it could not).
-    fig = plt.figure(figsize=(15, 10), layout="constrained")
-    grid = fig.add_gridspec(2, 3, height_ratios=[1.2, 1])
-    colors = [plt.rcParams["axes.prop_cycle"].by_key()["color"][i % 10] for i in range(len(runs))]
-    labels = [_short(run.label) for run in runs]
-    ax = fig.add_subplot(grid[0, :])
-    for run, label, color in zip(runs, labels, colors, strict=True):
-        train = np.array(run.series.get("train/loss", []))
-        if len(train):
-            ax.plot(train[:, 0], train[:, 1], color=color, alpha=0.8, label=_wrapped(label))
-        val = np.array(run.series.get("val/loss", []))
-        if len(val):
-            ax.plot(val[:, 0], val[:, 1], "o--", color=color, markersize=5)
-    ax.set(
-        xlabel="real tokens seen",
-        ylabel="loss (lines: train, dots: validation)",
-        title="loss against real tokens seen",
+    fig = plt.figure(figsize=(16, 10), layout="constrained")
+    grid = fig.add_gridspec(2, 6, height_ratios=[1.3, 1])
+    swept = ", ".join(key.split(".")[-1] for key in keys)
+    fig.suptitle(
+        "what packing buys: colour = policy"
+        + (f", line style = {swept}" if swept else "")
+        + "; lines: train loss, dots: validation loss",
+        fontsize=11,
     )
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    y = np.arange(len(runs))
+    for column, (xlabel, attribute) in enumerate(((TOKENS_AXIS, "series"), (TIME_AXIS, "by_time"))):
+        ax = fig.add_subplot(grid[0, 3 * column : 3 * column + 3])
+        for run, color, style in zip(runs, colors, styles, strict=True):
+            series = getattr(run, attribute)
+            train = np.array(series.get(LOSS, []))
+            if len(train):
+                label = _wrapped(run.label)
+                ax.plot(train[:, 0], train[:, 1], color=color, linestyle=style, alpha=0.85, label=label)
+            val = np.array(series.get("val/loss", []))
+            if len(val):
+                ax.plot(val[:, 0], val[:, 1], "o", color=color, markersize=5)
+        short = xlabel.split(" (")[0]
+        ax.set(xlabel=xlabel, ylabel="loss (nats per target)", title=f"loss against {short}")
+        if not ax.lines:
+            ax.text(0.5, 0.5, f"no {short} logged", ha="center", transform=ax.transAxes)
+        if column == 1:
+            ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), title="run")
+    rows = bars(runs, colors)
+    y = np.arange(len(rows))
+    layouts = f"\n(at max_seq_len {runs[0].max_seq_len}; hatched: layout only)" if len(runs) == 1 else ""
     panels = (
-        ("train/padding_waste", "padding waste (pad rows / computed rows)", "{:.1%}", np.mean),
-        ("train/tokens_per_sec", "real tokens / s (median)", "{:,.0f}", np.median),
-        ("train/pack_utilization", "pack utilization (real / packs x capacity)", "{:.1%}", np.mean),
+        (WASTE_TITLE + layouts, [r.waste for r in rows], [percent(r.waste) for r in rows], True),
+        (TRUNCATION_TITLE + layouts, [r.truncated for r in rows], [_truncation_text(r) for r in rows], True),
+        (
+            SPEED_TITLE,
+            [r.tokens_per_sec for r in rows],
+            [f"{r.tokens_per_sec:,.0f}" if r.trained else "not trained" for r in rows],
+            False,
+        ),
     )
-    for column, (metric, title, fmt, reduce) in enumerate(panels):
-        assert callable(reduce)
-        ax = fig.add_subplot(grid[1, column])
-        values = [float(reduce(run.values(metric))) if len(run.values(metric)) else math.nan for run in runs]
-        bars = ax.barh(y, values, color=colors)
-        ax.set_yticks(y, [_cut(label) for label in labels] if column == 0 else [""] * len(runs), fontsize=8)
+    for column, (title, values, texts, fraction) in enumerate(panels):
+        ax = fig.add_subplot(grid[1, 2 * column : 2 * column + 2])
+        drawn = [v if math.isfinite(v) else 0.0 for v in values]
+        bar_set = ax.barh(y, drawn, color=[r.color for r in rows])
+        for bar, row in zip(bar_set, rows, strict=True):
+            if not row.trained:
+                bar.set_hatch("//")
+                bar.set_alpha(0.55)
+        ax.set_yticks(y, [_cut(r.label) for r in rows] if column == 0 else [""] * len(rows), fontsize=8)
         ax.invert_yaxis()  # the legend's order, top to bottom
         ax.set_title(title, fontsize=10)
-        ax.bar_label(bars, labels=[fmt.format(v) for v in values], fontsize=7)
-        ax.margins(x=0.2)
+        ax.bar_label(bar_set, labels=texts, fontsize=7, padding=2)
+        top = max(drawn, default=0.0)
+        if fraction:  # room for the labels; an all-zero panel reads 0-5%, none goes past 100%
+            ax.set_xlim(0, max(top * 1.4, 0.05))
+            if top * 1.4 > 1:
+                ax.set_xticks(np.linspace(0, 1, 5))
+            ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+        else:
+            ax.set_xlim(0, top * 1.4 if top > 0 else 1)
+    return fig
+
+
+def plot(runs: list[Run], output: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(runs)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=100)
     plt.close(fig)
@@ -167,7 +507,8 @@ def compare(
     if not runs:
         where = " ".join(str(d) for d in directories)
         raise ConfigError(f"no run under {where} has logged {LOSS} yet: nothing to compare")
-    _drop_shared_label_parts(runs)
+    for run in runs:  # a single run: what the other layouts would waste and truncate on its data
+        run.layouts = layout_statistics(run, LAYOUT_ARMS if len(runs) == 1 else ())
     plot(runs, output)
     table = markdown_table(runs)
     output.with_suffix(".md").write_text(table)
