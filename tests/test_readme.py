@@ -1,0 +1,110 @@
+"""The README's commands, pasted in order into a fresh clone, work.
+
+A bash block preceded by `<!-- readme-test: run -->` is run; `<!-- readme-test: run, tiny: K=V ... -->`
+adds each override to every `python train.py` line of the block that does not set that key itself,
+and hands them to `make train` as TRAIN_ARGS. The clone's `.venv` is this interpreter's environment
+(a link), so `make train` skips its install (`make -o install`) and nothing is downloaded; the clone's
+own `src/` is imported (PYTHONPATH). The parsing is checked on every run; the clone run is `slow`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MARKER = re.compile(
+    r"<!-- readme-test: run(?:, tiny: (?P<tiny>[^>]*?))? -->\n```bash\n(?P<body>.*?)\n```", re.S
+)
+
+
+@dataclass
+class Block:
+    commands: list[str]
+    tiny: list[str]
+
+
+def readme_blocks(text: str) -> list[Block]:
+    """The marked bash blocks, in README order."""
+    return [
+        Block(match["body"].splitlines(), shlex.split(match["tiny"] or "")) for match in MARKER.finditer(text)
+    ]
+
+
+def _keys(words: list[str]) -> set[str]:
+    return {word.split("=", 1)[0] for word in words if "=" in word}
+
+
+def tiny_command(command: str, tiny: list[str]) -> str:
+    """The command as the test runs it: tiny overrides added where the line does not set the key."""
+    code, _, comment = command.partition(" # ")
+    words = shlex.split(code)
+    if words[:2] == ["python", "train.py"]:
+        extra = [override for override in tiny if override.split("=", 1)[0] not in _keys(words)]
+        return shlex.join([*words, *extra])
+    if words[:2] == ["make", "train"]:
+        return shlex.join(["make", "-o", "install", "train", f"TRAIN_ARGS={' '.join(tiny)}", *words[2:]])
+    return code.strip()
+
+
+def test_the_readme_marks_its_runnable_blocks():
+    blocks = readme_blocks((REPO / "README.md").read_text())
+    commands = [line for block in blocks for line in block.commands]
+    assert [c.split(" #")[0].strip() for c in commands[:2]] == ["make train", "source .venv/bin/activate"]
+    assert any(c.startswith("pretrain inspect-data") for c in commands)
+    assert any(c.startswith("pretrain eval outputs/demo/latest/") for c in commands)
+    assert not any("pip install" in c or "experiment=corrected" in c for c in commands)  # never downloads
+
+
+def test_tiny_overrides_fill_only_the_keys_a_line_leaves_open():
+    tiny = ["train.max_steps=4", "data.max_seq_len=64"]
+    assert tiny_command("python train.py data=padded data.max_seq_len=256   # a comment", tiny) == (
+        "python train.py data=padded data.max_seq_len=256 train.max_steps=4"
+    )
+    assert tiny_command("make train   # the demo", tiny) == (
+        "make -o install train 'TRAIN_ARGS=train.max_steps=4 data.max_seq_len=64'"
+    )
+    assert tiny_command("pretrain verify   # in place", tiny) == "pretrain verify"
+
+
+@pytest.mark.slow
+def test_every_marked_readme_command_works_in_a_fresh_clone(tmp_path):
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True, timeout=120)
+    (clone / ".venv").symlink_to(Path(sys.prefix))  # this environment: nothing is installed
+    script = ["set -euo pipefail"]
+    for block in readme_blocks((clone / "README.md").read_text()):
+        for command in block.commands:
+            line = tiny_command(command, block.tiny)
+            script += [f"echo {shlex.quote('$ ' + line)}", line]
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("PRETRAIN_CACHE_ROOT", "PYTHONPATH", "VIRTUAL_ENV")  # the clone builds its own cache
+    }
+    env |= {
+        "PYTHONPATH": str(clone / "src"),
+        "PATH": f"/usr/bin:/bin:{env.get('PATH', '')}",  # no venv on PATH until the README activates it
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path / "wandb"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    (tmp_path / "wandb").mkdir()
+    proc = subprocess.run(
+        ["bash", "-c", "\n".join(script)], cwd=clone, env=env, capture_output=True, text=True, timeout=3000
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    demo = clone / "outputs" / "demo" / "latest"
+    for name in ("compare.png", "compare.md", "padded/metrics.csv", "bestfit/checkpoints/last.ckpt"):
+        assert (demo / name).exists(), name
+    assert "comparison: outputs/demo/" in proc.stdout
+    assert (clone / "concat.json").is_file() and (clone / "eval.json").is_file()
+    assert (clone / "my-gpt2" / "model.safetensors").is_file() and (clone / "mine.png").is_file()
