@@ -148,7 +148,9 @@ def test_config_holds_the_inspect_data_statistics_of_the_run(sweep, monkeypatch)
         assert "data/verbatim_leaks" not in logged and "data/train_validation_overlap" not in logged
         full = _expected_statistics(sweep, directory, audits=True)
         assert {
-            k: v for k, v in full.items() if k not in ("verbatim_leaks", "train_validation_overlap")
+            k: v
+            for k, v in full.items()
+            if k not in ("verbatim_leaks", "verbatim_leak_ids", "train_validation_overlap")
         } == stats
         assert full["train_validation_overlap"] == 0
     bestfit, concat = _run(sweep, "bestfit"), _run(sweep, "concat")

@@ -144,7 +144,8 @@ def inspect_split(
     Also `settings` (the policy's knobs) and `validation` (its size, and the batches and pairs that
     training's val/loss scores: the same for every policy).
     `audits=False` leaves out the two costly checks, `train_validation_overlap` (every id) and
-    `verbatim_leaks` (every token), keys and all: what a training run logs at its start."""
+    `verbatim_leaks` with `verbatim_leak_ids` (every token), keys and all: what a training run logs
+    at its start."""
     # A running job passes its own train sampler: its epoch-0 plan is already built (at 10B tokens a
     # plan packed online takes seconds), so the statistics cost no second one.
     sampler = sampler if sampler is not None else build_sampler(settings, train, packs_dir=packs_dir)
