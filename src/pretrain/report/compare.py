@@ -1,12 +1,17 @@
-"""`pretrain compare DIR...`: loss and padding waste of runs or whole multiruns, side by side.
+"""`pretrain compare DIR...`: what packing bought, for one run or whole multiruns, at a glance.
 
 A run directory is any directory with a `metrics.csv` (our CSV logger's output); a multirun
 directory is searched for them. A resumed run is one continuous curve: its steps are joined, the last
 write of a step wins (also across files: `metrics.<n>.csv` beside it, n ascending, then `metrics.csv`).
-Writes a PNG (loss against real tokens seen, padding waste, tokens/s, pack utilization per run) and a
-markdown table next to it. With `--wandb` the same table (a
-`wandb.Table`, numbers as numbers) and plot go into one W&B run (job type `compare`) of the compared
-runs' group.
+
+The figure: colour is the run's arm (its policy and layout knobs), line style the values of the keys
+the runs differ in (a sweep's keys); loss against real tokens seen and against training seconds; per
+run padding waste (1 - real / computed tokens), the prediction pairs its layout never trains
+(truncated document tails, computed as `inspect-data` does on the run's cache) and real tokens per
+second. A single run is also set beside what the other layouts would waste and truncate on its data
+at its max_seq_len. A markdown table with the same numbers goes next to the image. With `--wandb` the
+same table (a `wandb.Table`, numbers as numbers) and plot go into one W&B run (job type `compare`) of
+the compared runs' group.
 """
 
 from __future__ import annotations
