@@ -17,15 +17,15 @@ from pretrain.config import to_config
 from pretrain.data.policies import PolicySettings
 from pretrain.data.stats import inspect_split
 from pretrain.report.compare import (
-    ARM_COLORS,
-    LAYOUT_ARMS,
     SPEED_TITLE,
     TIME_AXIS,
     TOKENS_AXIS,
     TRUNCATION_TITLE,
     WASTE_TITLE,
+    arm_colors,
     compare,
     figure,
+    layout_arms,
     layout_statistics,
     load_run,
     percent,
@@ -93,8 +93,12 @@ def test_a_sweep_is_grouped_by_policy_colour_and_swept_line_style(runs):
     ]
     train_lines = {line.get_label(): line for line in tokens.lines if not line.get_label().startswith("_")}
     # colour = the arm, line style = the swept value: one of each per policy and per length
-    assert {train_lines[f"padded max_seq_len={n}"].get_color() for n in (64, 128)} == {ARM_COLORS["padded"]}
-    assert {train_lines[f"bestfit max_seq_len={n}"].get_color() for n in (64, 128)} == {ARM_COLORS["bestfit"]}
+    assert {train_lines[f"padded max_seq_len={n}"].get_color() for n in (64, 128)} == {
+        arm_colors([])["padded"]
+    }
+    assert {train_lines[f"bestfit max_seq_len={n}"].get_color() for n in (64, 128)} == {
+        arm_colors([])["bestfit"]
+    }
     for length in (64, 128):
         styles = {
             train_lines[f"{policy} max_seq_len={length}"].get_linestyle() for policy in ("padded", "bestfit")
@@ -130,23 +134,21 @@ def _splits(run_dir: Path):
     return cache.split("train"), cache.split("validation")
 
 
-def test_a_single_run_is_compared_with_every_layout_on_its_data(runs, tmp_path):
-    path, cfg = runs["bestfit", 64]
+def test_a_single_run_is_compared_with_every_layout_on_its_data(runs, tmp_path, make_cfg):
+    path, _ = runs["bestfit", 64]
     (run,) = [load_run(path)]
-    run.layouts = layout_statistics(run, LAYOUT_ARMS)
-    assert set(run.layouts) == set(LAYOUT_ARMS)
+    run.layouts = layout_statistics(run, layout_arms())
+    arms = ["bestfit", "padded", "padded pad_to=longest", "prepacked", "prepacked strategy=bfd"]
+    assert list(run.layouts) == arms  # its own first, then the registry's order
     train, validation = _splits(path)
-    for arm, data in (("padded", "data=padded"), ("prepacked bfd", "data=prepacked")):
-        overrides = ["data.strategy=bfd"] if arm == "prepacked bfd" else []
-        config = to_config(
-            OmegaConf.merge(cfg, OmegaConf.from_dotlist(["data.policy=" + data.split("=")[1], *overrides]))
-        )
-        expected = inspect_split(
-            PolicySettings.from_config(config.data, config.train, config.seed),
-            train,
-            validation,
-            audits=False,
-        )
+    for arm, overrides in (
+        ("padded", ["data=padded"]),
+        ("padded pad_to=longest", ["data=padded", "data.pad_to=longest"]),
+        ("prepacked strategy=bfd", ["data=prepacked", "data.strategy=bfd"]),
+    ):
+        config = to_config(make_cfg(None, *overrides, "data.max_seq_len=64", "train.batch_size=4"))
+        settings = PolicySettings.from_config(config.data, config.train, config.seed)
+        expected = inspect_split(settings, train, validation, audits=False)
         assert run.layouts[arm]["truncated_pairs"] == expected["truncated_pairs"]
         assert run.layouts[arm]["padding_waste"] == pytest.approx(expected["padding_waste"])
     fig = figure([run])
@@ -154,17 +156,12 @@ def test_a_single_run_is_compared_with_every_layout_on_its_data(runs, tmp_path):
     waste = axes[WASTE_TITLE]
     assert "at max_seq_len 64; hatched: layout only" in waste.get_title()
     labels = [tick.get_text() for tick in waste.get_yticklabels()]
-    assert labels == [
-        "bestfit",
-        "padded (layout only)",
-        "prepacked concat (layout only)",
-        "prepacked bfd (layout only)",
-    ]
+    assert labels == ["bestfit", *(f"{arm} (layout only)" for arm in arms[1:])]
     padded = run.layouts["padded"]
     assert _bar_texts(waste)[1] == percent(padded["padding_waste"]) and padded["padding_waste"] > 0
-    assert _bar_texts(axes[SPEED_TITLE])[1:] == ["not trained"] * 3
+    assert _bar_texts(axes[SPEED_TITLE])[1:] == ["not trained"] * 4
     hatched = [bar.get_hatch() for bar in waste.patches]
-    assert hatched == [None, "//", "//", "//"]
+    assert hatched == [None, "//", "//", "//", "//"]
     plt.close(fig)
     # compare() does the same from the directory alone, and the table gains the truncation column
     png = compare([path], output=tmp_path / "one.png", quiet=True)
@@ -177,7 +174,7 @@ def test_a_run_whose_cache_is_gone_still_plots_without_layouts(runs, tmp_path):
     path, _ = runs["padded", 128]
     (path / "run.json").write_text(json.dumps({"cache_dir": str(tmp_path / "gone")}))
     run = load_run(path)
-    assert layout_statistics(run, LAYOUT_ARMS) == {}
+    assert layout_statistics(run, layout_arms()) == {}
     assert math.isnan(run.truncated_fraction())
     fig = figure([run])
     assert _bar_texts(_axes(fig)[TRUNCATION_TITLE + "\n(at max_seq_len 128; hatched: layout only)"]) == [

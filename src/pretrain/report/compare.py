@@ -21,6 +21,7 @@ import logging
 import math
 import textwrap
 from collections import Counter
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,21 +35,8 @@ from ..training.run_record import LOSS, Run, load_run, run_numbers
 log = logging.getLogger(__name__)
 
 
-ARM_COLORS = {
-    "padded": "tab:red",
-    "padded longest": "tab:orange",
-    "prepacked concat": "tab:purple",
-    "prepacked concat unmasked": "tab:pink",
-    "prepacked bfd": "tab:green",
-    "bestfit": "tab:blue",
-}
-"""One colour per batch layout (policy and its layout knobs), the same in every figure."""
-LAYOUT_ARMS = ("padded", "prepacked concat", "prepacked bfd", "bestfit")
-"""The layouts a single run's figure compares it with (on its data, at its max_seq_len)."""
 LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
 """One line style per combination of the swept keys' values."""
-POLICY_KEYS = ("data.policy", "data.strategy", "data.document_mask", "data.pad_to")
-"""The keys that make a run's arm (its colour); the other keys that differ are the swept ones."""
 NOT_SWEPT = (
     "output_dir",
     "ckpt_path",
@@ -59,19 +47,76 @@ NOT_SWEPT = (
     "hydra.",
 )
 """Keys that differ between runs without changing what they train."""
+PALETTE = tuple(
+    f"tab:{c}" for c in ("blue", "orange", "green", "red", "purple", "brown", "pink", "olive", "cyan")
+)
+
+
+def _layout_options(config_class: type) -> dict[str, object]:
+    """A policy config's layout choices (its enum and bool fields) and their defaults: what makes an
+    arm (`data.strategy`, `data.pad_to`, `data.document_mask`); numbers such as a buffer size are
+    swept, not arms."""
+    from enum import Enum
+
+    return {
+        f.name: f.default
+        for f in fields(config_class)
+        if isinstance(f.default, bool | Enum) and f.name != "policy"
+    }
+
+
+def policy_keys() -> set[str]:
+    """`data.policy` and every registered policy's layout options: the keys that make a run's arm."""
+    from ..data.policies import REGISTRY
+
+    return {"data.policy"} | {
+        f"data.{k}" for cls in REGISTRY.values() for k in _layout_options(cls.config_class)
+    }
 
 
 def arm_name(data: dict) -> str:
-    """`padded`, `padded longest`, `prepacked concat`, `prepacked concat unmasked`, `prepacked bfd`,
-    `bestfit`: the batch layout a run's `data` group chooses."""
+    """The batch layout a run's `data` group chooses: its policy, plus each layout option that differs
+    from the policy's default (`padded pad_to=longest`, `prepacked strategy=bfd`)."""
+    from ..data.policies import policy_class
+    from ..errors import PretrainError
+
     policy = str(data.get("policy", "?"))
-    if policy == "padded":
-        return "padded longest" if str(data.get("pad_to")) == "longest" else "padded"
-    if policy == "prepacked":
-        strategy = str(data.get("strategy", "concat"))
-        unmasked = strategy == "concat" and data.get("document_mask") is False
-        return f"prepacked {strategy}" + (" unmasked" if unmasked else "")
-    return policy
+    try:
+        options = _layout_options(policy_class(policy).config_class)
+    except PretrainError:  # a policy this version does not know: its name alone
+        return policy
+    changed = [
+        f"{k}={data[k]}" for k, default in options.items() if k in data and str(data[k]) != str(default)
+    ]
+    return " ".join([policy, *changed])
+
+
+def arm_colors(arms: list[str]) -> dict[str, str]:
+    """One colour per arm: the registered policies' defaults first (the same colour in every figure),
+    then the variants in the order given."""
+    from ..data.policies import REGISTRY
+
+    ordered = list(dict.fromkeys([*map(str, REGISTRY), *arms]))
+    return {arm: PALETTE[i % len(PALETTE)] for i, arm in enumerate(ordered)}
+
+
+def layout_arms() -> list[tuple[str, dict[str, object]]]:
+    """The layouts a single run is set beside: every registered policy at its defaults and with each
+    other value of each of its enum options (`padded pad_to=longest`, `prepacked strategy=bfd`);
+    (arm name, `data` group) pairs."""
+    from enum import Enum
+
+    from ..data.policies import REGISTRY
+
+    arms: list[tuple[str, dict[str, object]]] = []
+    for name, cls in REGISTRY.items():
+        arms.append((str(name), {"policy": str(name)}))
+        for key, default in _layout_options(cls.config_class).items():
+            if isinstance(default, Enum):
+                for value in type(default):
+                    if value != default:
+                        arms.append((f"{name} {key}={value}", {"policy": str(name), key: str(value)}))
+    return arms
 
 
 @dataclass
@@ -195,14 +240,18 @@ def _flat(config: dict, prefix: str = "") -> dict[str, object]:
 
 
 def swept_keys(runs: list[Run]) -> list[str]:
-    """The config keys whose values differ between the runs, besides the arm's own (POLICY_KEYS) and
-    those that change nothing trained (NOT_SWEPT): what a sweep varies. A key that only repeats an
+    """The config keys whose values differ between the runs, besides the arm's own (`policy_keys`) and
+    those that change nothing trained (NOT_SWEPT) or that only some runs' policies have: what a sweep
+    varies. A key that only repeats an
     earlier one (`model.max_seq_len` follows `data.max_seq_len`) is left out."""
     flats = [_flat(run.config) for run in runs]
     kept: dict[tuple[str, tuple[str, ...]], str] = {}
+    arm_keys = policy_keys()
     for key in sorted(set().union(*flats)) if flats else []:
         values = tuple(repr(flat.get(key)) for flat in flats)
-        if key in POLICY_KEYS or key.startswith(NOT_SWEPT) or len(set(values)) < 2:
+        if key in arm_keys or key.startswith(NOT_SWEPT) or len(set(values)) < 2:
+            continue
+        if not all(key in flat for flat in flats):  # one policy's own option (data.packing_buffer)
             continue
         kept.setdefault((key.split(".")[-1], values), key)
     return list(kept.values())
@@ -227,42 +276,52 @@ def run_styles(runs: list[Run], keys: list[str]) -> tuple[list[str], list[Any]]:
     """(colour, line style) per run: the colour is its arm's, the style that of its swept values."""
     combos = [tuple(repr(_flat(run.config).get(key)) for key in keys) for run in runs]
     order = list(dict.fromkeys(combos))
-    colors = [ARM_COLORS.get(run.arm, "tab:gray") for run in runs]
+    palette = arm_colors([run.arm for run in runs])
+    colors = [palette[run.arm] for run in runs]
     return colors, [LINE_STYLES[order.index(combo) % len(LINE_STYLES)] for combo in combos]
 
 
 # --- layouts: what each policy wastes and truncates on a run's data --------------------------------
 
 
-def layout_statistics(run: Run, arms: tuple[str, ...] = ()) -> dict[str, dict]:
-    """Padding waste and truncated prediction pairs of the run's own layout and of `arms` (names in
-    LAYOUT_ARMS) on the run's train split at its max_seq_len, computed as `inspect-data` does (epoch
+def _arm_data(run_data: Any, group: dict[str, object]) -> Any:
+    """The typed `data` group of another arm (`group`: its policy and layout options) that keeps the
+    run's other settings it shares (max_seq_len, packing_buffer)."""
+    from ..data.policies import policy_class
+
+    policy = policy_class(group["policy"])
+    options = _layout_options(policy.config_class)
+    kept: dict[str, Any] = {
+        f.name: getattr(run_data, f.name)
+        for f in fields(policy.config_class)
+        if f.init and f.name != "policy" and f.name not in options and hasattr(run_data, f.name)
+    }
+    kinds: dict[str, Any] = {key: type(default) for key, default in options.items()}
+    chosen: dict[str, Any] = {key: kinds[key](value) for key, value in group.items() if key != "policy"}
+    return policy.config_class(policy=policy.name, **kept, **chosen)
+
+
+def layout_statistics(run: Run, arms: list[tuple[str, dict[str, object]]] | None = None) -> dict[str, dict]:
+    """Padding waste and truncated prediction pairs of the run's own layout and of `arms` (from
+    `layout_arms`) on the run's train split at its max_seq_len, computed as `inspect-data` does (epoch
     0, one rank; packs are built in memory, nothing is written). Empty when the run's cache is gone
     or its config cannot be read (said in one line: the figure then leaves those bars out)."""
-    from dataclasses import replace
-
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from ..config import PadTo, Policy, Strategy, to_config
+    from ..config import to_config
     from ..data.cache import Cache, read_manifest
     from ..data.policies import PolicySettings
     from ..data.stats import inspect_split
     from ..errors import PretrainError
 
-    choices: dict[str, dict[str, Any]] = {
-        "padded": {"policy": Policy.padded, "pad_to": PadTo.max},
-        "prepacked concat": {"policy": Policy.prepacked, "strategy": Strategy.concat, "document_mask": True},
-        "prepacked bfd": {"policy": Policy.prepacked, "strategy": Strategy.bfd},
-        "bestfit": {"policy": Policy.bestfit},
-    }
     try:
         cache_dir = Path(json.loads((run.path / "run.json").read_text())["cache_dir"])
         config = to_config(OmegaConf.create(run.config))
         cache = Cache(directory=cache_dir, manifest=read_manifest(cache_dir))
         train, validation = cache.split("train"), cache.split("validation")
         datas = {run.arm: config.data}
-        datas |= {arm: replace(config.data, **choices[arm]) for arm in arms if arm != run.arm}
+        datas |= {arm: _arm_data(config.data, group) for arm, group in arms or [] if arm != run.arm}
         layouts = {}
         for arm, data in datas.items():
             settings = PolicySettings.from_config(data, config.train, config.seed)
@@ -386,12 +445,13 @@ def bars(runs: list[Run], colors: list[str]) -> list[Bar]:
     ]
     if len(runs) == 1:
         (run,) = runs
+        palette = arm_colors(list(run.layouts))
         for arm, layout in run.layouts.items():
             if arm != run.arm:
                 rows.append(
                     Bar(
                         f"{arm} (layout only)",
-                        ARM_COLORS.get(arm, "tab:gray"),
+                        palette[arm],
                         layout["padding_waste"],
                         run.truncated_fraction(arm),
                         layout["truncated_pairs"],
@@ -513,7 +573,7 @@ def compare(
         where = " ".join(str(d) for d in directories)
         raise ConfigError(f"no run under {where} has logged {LOSS} yet: nothing to compare")
     for run in runs:  # a single run: what the other layouts would waste and truncate on its data
-        run.layouts = layout_statistics(run, LAYOUT_ARMS if len(runs) == 1 else ())
+        run.layouts = layout_statistics(run, layout_arms() if len(runs) == 1 else None)
     plot(runs, output)
     table = markdown_table(runs)
     output.with_suffix(".md").write_text(table)
