@@ -48,8 +48,9 @@ NOT_SWEPT = (
 )
 """Keys that differ between runs without changing what they train."""
 PALETTE = tuple(
-    f"tab:{c}" for c in ("blue", "orange", "green", "red", "purple", "brown", "pink", "olive", "cyan")
+    f"tab:{c}" for c in ("red", "purple", "blue", "orange", "green", "brown", "pink", "olive", "cyan")
 )
+"""Arm colours: the registered policies' defaults take the first ones, in registry order."""
 
 
 def _layout_options(config_class: type) -> dict[str, object]:
@@ -309,7 +310,7 @@ def layout_statistics(run: Run, arms: list[tuple[str, dict[str, object]]] | None
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from ..config import to_config
+    from ..config import to_config, upgrade_run_config
     from ..data.cache import Cache, read_manifest
     from ..data.policies import PolicySettings
     from ..data.stats import inspect_split
@@ -317,7 +318,7 @@ def layout_statistics(run: Run, arms: list[tuple[str, dict[str, object]]] | None
 
     try:
         cache_dir = Path(json.loads((run.path / "run.json").read_text())["cache_dir"])
-        config = to_config(OmegaConf.create(run.config))
+        config = to_config(OmegaConf.create(upgrade_run_config(run.config)))  # also an older run's
         cache = Cache(directory=cache_dir, manifest=read_manifest(cache_dir))
         train, validation = cache.split("train"), cache.split("validation")
         datas = {run.arm: config.data}
