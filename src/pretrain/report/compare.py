@@ -378,7 +378,7 @@ def markdown_table(runs: list[Run]) -> str:
     return "\n".join(lines) + "\n"
 
 
-LEGEND_WIDTH = 40
+LEGEND_WIDTH = 48
 """Legend labels wrap at this many characters (bar labels are cut there): the figure keeps its shape."""
 
 
