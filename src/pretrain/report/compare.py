@@ -21,7 +21,7 @@ import logging
 import math
 import textwrap
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..training.metrics_file import FILE_NAME
-from ..training.run_record import LOSS, Run, load_run, run_numbers
+from ..training.run_record import LOSS, Run, layout_options, load_run, run_numbers
 
 log = logging.getLogger(__name__)
 
@@ -53,43 +53,13 @@ PALETTE = tuple(
 """Arm colours: the registered policies' defaults take the first ones, in registry order."""
 
 
-def _layout_options(config_class: type) -> dict[str, object]:
-    """A policy config's layout choices (its enum and bool fields) and their defaults: what makes an
-    arm (`data.strategy`, `data.pad_to`, `data.document_mask`); numbers such as a buffer size are
-    swept, not arms."""
-    from enum import Enum
-
-    return {
-        f.name: f.default
-        for f in fields(config_class)
-        if isinstance(f.default, bool | Enum) and f.name != "policy"
-    }
-
-
 def policy_keys() -> set[str]:
     """`data.policy` and every registered policy's layout options: the keys that make a run's arm."""
     from ..data.policies import REGISTRY
 
     return {"data.policy"} | {
-        f"data.{k}" for cls in REGISTRY.values() for k in _layout_options(cls.config_class)
+        f"data.{k}" for cls in REGISTRY.values() for k in layout_options(cls.config_class)
     }
-
-
-def arm_name(data: dict) -> str:
-    """The batch layout a run's `data` group chooses: its policy, plus each layout option that differs
-    from the policy's default (`padded pad_to=longest`, `prepacked strategy=bfd`)."""
-    from ..data.policies import policy_class
-    from ..errors import PretrainError
-
-    policy = str(data.get("policy", "?"))
-    try:
-        options = _layout_options(policy_class(policy).config_class)
-    except PretrainError:  # a policy this version does not know: its name alone
-        return policy
-    changed = [
-        f"{k}={data[k]}" for k, default in options.items() if k in data and str(data[k]) != str(default)
-    ]
-    return " ".join([policy, *changed])
 
 
 def arm_colors(arms: list[str]) -> dict[str, str]:
@@ -112,49 +82,12 @@ def layout_arms() -> list[tuple[str, dict[str, object]]]:
     arms: list[tuple[str, dict[str, object]]] = []
     for name, cls in REGISTRY.items():
         arms.append((str(name), {"policy": str(name)}))
-        for key, default in _layout_options(cls.config_class).items():
+        for key, default in layout_options(cls.config_class).items():
             if isinstance(default, Enum):
                 for value in type(default):
                     if value != default:
                         arms.append((f"{name} {key}={value}", {"policy": str(name), key: str(value)}))
     return arms
-
-
-@dataclass
-class Run:
-    path: Path
-    label: str
-    policy: str
-    max_seq_len: int | None
-    batch_size: int | None
-    series: dict[str, list[tuple[float, float]]]  # metric -> [(tokens, value)]
-    config: dict = field(default_factory=dict)  # the run's config.yaml
-    by_time: dict[str, list[tuple[float, float]]] = field(
-        default_factory=dict
-    )  # metric -> [(seconds, value)]
-    layouts: dict[str, dict] = field(default_factory=dict)  # arm -> waste and truncation on the run's data
-
-    @property
-    def arm(self) -> str:
-        return arm_name(self.config.get("data") or {"policy": self.policy})
-
-    def values(self, metric: str) -> np.ndarray:
-        return np.array([v for _, v in self.series.get(metric, [])], dtype=float)
-
-    def last(self, metric: str) -> float:
-        values = self.values(metric)
-        return float(values[-1]) if len(values) else math.nan
-
-    def mean(self, metric: str) -> float:
-        values = self.values(metric)
-        return float(values.mean()) if len(values) else math.nan
-
-    def truncated_fraction(self, arm: str | None = None) -> float:
-        """Prediction pairs the layout never trains (cut document tails) / all prediction pairs."""
-        layout = self.layouts.get(arm or self.arm)
-        if not layout or not layout["prediction_pairs"]:
-            return math.nan
-        return layout["truncated_pairs"] / layout["prediction_pairs"]
 
 
 def find_runs(directories: list[Path]) -> list[Path]:
@@ -167,67 +100,6 @@ def find_runs(directories: list[Path]) -> list[Path]:
             raise ConfigError(f"no metrics.csv under {directory}: is it a run or multirun output directory?")
         runs.extend(found)
     return list(dict.fromkeys(runs))
-
-
-def _load_config(run_dir: Path) -> dict:
-    for candidate in (run_dir / "config.yaml", run_dir / ".hydra" / "config.yaml"):
-        if candidate.is_file():
-            return yaml.safe_load(candidate.read_text()) or {}
-    return {}
-
-
-def metrics_files(run_dir: Path) -> list[Path]:
-    """`metrics.csv`, after the `metrics.<n>.csv` beside it (n ascending): the order they are joined in."""
-    numbered = [p for p in run_dir.glob("metrics.*.csv") if re.fullmatch(r"metrics\.\d+\.csv", p.name)]
-    numbered.sort(key=lambda p: int(p.name.split(".")[1]))
-    main = run_dir / FILE_NAME
-    return [*numbered, *([main] if main.is_file() else [])]
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, float]]:
-    """The run's logged rows, one per step in step order (a step logged twice: the later write wins).
-    A file that is not a run's metrics (unreadable, no `step` or `train/loss` column, a cell that is
-    not a number) is a ConfigError naming it."""
-    rows: list[dict[str, float]] = []
-    for path in metrics_files(run_dir):
-        header, raw = read_table(path)
-        if LOSS not in header:
-            raise ConfigError(
-                f"{path} is not a training run's metrics file: it has no {LOSS} column; pass run "
-                "directories written by python train.py, or move this file away"
-            )
-        rows += numeric_rows(path, raw)
-    return join_steps(rows)
-
-
-def load_run(run_dir: Path) -> Run:
-    config = _load_config(run_dir)
-    series: dict[str, list[tuple[float, float]]] = {}
-    by_time: dict[str, list[tuple[float, float]]] = {}
-    tokens = seconds = 0.0
-    step = 0.0
-    for row in read_metrics(run_dir):
-        tokens = row.get("train/tokens", tokens)
-        # Training time: a logged step's own seconds stand for every step since the previous row
-        # (validation left out: it is the same work whatever the policy).
-        steps, step = row["step"] - step, row["step"]
-        seconds += steps * (row.get("train/step_seconds", math.nan) + row.get("train/data_seconds", 0.0))
-        for key, value in row.items():
-            if key not in ("step", "epoch"):
-                series.setdefault(key, []).append((tokens, value))
-                if math.isfinite(seconds):
-                    by_time.setdefault(key, []).append((seconds, value))
-    data = config.get("data", {})
-    return Run(
-        path=run_dir,
-        label=run_dir.name,
-        policy=str(data.get("policy", "?")),
-        max_seq_len=data.get("max_seq_len"),
-        batch_size=config.get("train", {}).get("batch_size"),
-        series=series,
-        config=config,
-        by_time=by_time,
-    )
 
 
 def _flat(config: dict, prefix: str = "") -> dict[str, object]:
@@ -291,7 +163,7 @@ def _arm_data(run_data: Any, group: dict[str, object]) -> Any:
     from ..data.policies import policy_class
 
     policy = policy_class(group["policy"])
-    options = _layout_options(policy.config_class)
+    options = layout_options(policy.config_class)
     kept: dict[str, Any] = {
         f.name: getattr(run_data, f.name)
         for f in fields(policy.config_class)
@@ -340,24 +212,6 @@ COLUMNS: tuple[str, ...] = ("run", "policy", "max_seq_len", "batch", "real token
 COLUMNS += ("val loss", "tokens/s", "padding waste", "pack util", "truncated pairs", "train seconds")
 _FORMATS: tuple[str, ...] = ("{}", "{}", "{}", "{}", "{:,.0f}", "{:.4f}", "{:.4f}", "{:,.0f}")
 _FORMATS += ("{:.1%}", "{:.1%}", "{:.1%}", "{:,.1f}")
-
-
-def run_numbers(run: Run) -> dict[str, float]:
-    """A run's numbers in the table: last real tokens and losses, median tokens/s, mean padding waste
-    and pack utilization, its layout's truncated pairs (a fraction of all pairs) and its training
-    seconds (nan where the run has no value)."""
-    speeds = run.values("train/tokens_per_sec")
-    clock = run.by_time.get(LOSS, [])
-    return {
-        "real_tokens": run.last("train/tokens"),
-        "train_loss": run.last("train/loss"),
-        "val_loss": run.last("val/loss"),
-        "tokens_per_sec": float(np.median(speeds)) if len(speeds) else math.nan,
-        "padding_waste": run.mean("train/padding_waste"),
-        "pack_utilization": run.mean("train/pack_utilization"),
-        "truncated_pairs": run.truncated_fraction(),
-        "train_seconds": clock[-1][0] if clock else math.nan,
-    }
 
 
 def table_rows(runs: list[Run]) -> list[list]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,36 @@ from .metrics_file import FILE_NAME, join_steps, numeric_rows, read_table
 LOSS = "train/loss"
 
 
+def layout_options(config_class: type) -> dict[str, object]:
+    """A policy config's layout choices (its enum and bool fields) and their defaults: what makes an
+    arm (`data.strategy`, `data.pad_to`, `data.document_mask`); numbers such as a buffer size are
+    swept, not arms."""
+    from enum import Enum
+
+    return {
+        f.name: f.default
+        for f in fields(config_class)
+        if isinstance(f.default, bool | Enum) and f.name != "policy"
+    }
+
+
+def arm_name(data: dict) -> str:
+    """The batch layout a run's `data` group chooses: its policy, plus each layout option that differs
+    from the policy's default (`padded pad_to=longest`, `prepacked strategy=bfd`)."""
+    from ..data.policies import policy_class
+    from ..errors import PretrainError
+
+    policy = str(data.get("policy", "?"))
+    try:
+        options = layout_options(policy_class(policy).config_class)
+    except PretrainError:  # a policy this version does not know: its name alone
+        return policy
+    changed = [
+        f"{k}={data[k]}" for k, default in options.items() if k in data and str(data[k]) != str(default)
+    ]
+    return " ".join([policy, *changed])
+
+
 @dataclass
 class Run:
     path: Path
@@ -31,6 +61,14 @@ class Run:
     batch_size: int | None
     series: dict[str, list[tuple[float, float]]]  # metric -> [(tokens, value)]
     config: dict = field(default_factory=dict)  # the run's config.yaml
+    by_time: dict[str, list[tuple[float, float]]] = field(
+        default_factory=dict
+    )  # metric -> [(seconds, value)]
+    layouts: dict[str, dict] = field(default_factory=dict)  # arm -> waste and truncation on the run's data
+
+    @property
+    def arm(self) -> str:
+        return arm_name(self.config.get("data") or {"policy": self.policy})
 
     def values(self, metric: str) -> np.ndarray:
         return np.array([v for _, v in self.series.get(metric, [])], dtype=float)
@@ -43,23 +81,19 @@ class Run:
         values = self.values(metric)
         return float(values.mean()) if len(values) else math.nan
 
+    def truncated_fraction(self, arm: str | None = None) -> float:
+        """Prediction pairs the layout never trains (cut document tails) / all prediction pairs."""
+        layout = self.layouts.get(arm or self.arm)
+        if not layout or not layout["prediction_pairs"]:
+            return math.nan
+        return layout["truncated_pairs"] / layout["prediction_pairs"]
+
 
 def _load_config(run_dir: Path) -> dict:
     for candidate in (run_dir / "config.yaml", run_dir / ".hydra" / "config.yaml"):
         if candidate.is_file():
             return yaml.safe_load(candidate.read_text()) or {}
     return {}
-
-
-def _label(run_dir: Path, config: dict) -> str:
-    overrides = run_dir / ".hydra" / "overrides.yaml"
-    if overrides.is_file():
-        items = yaml.safe_load(overrides.read_text()) or []
-        items = [i for i in items if not i.startswith(("hydra.", "experiment="))]
-        if items:
-            return " ".join(items)
-    data, train = config.get("data", {}), config.get("train", {})
-    return f"{data.get('policy', '?')} L={data.get('max_seq_len', '?')} bs={train.get('batch_size', '?')}"
 
 
 def metrics_files(run_dir: Path) -> list[Path]:
@@ -89,28 +123,39 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
 def load_run(run_dir: Path) -> Run:
     config = _load_config(run_dir)
     series: dict[str, list[tuple[float, float]]] = {}
-    tokens = 0.0
+    by_time: dict[str, list[tuple[float, float]]] = {}
+    tokens = seconds = 0.0
+    step = 0.0
     for row in read_metrics(run_dir):
         tokens = row.get("train/tokens", tokens)
+        # Training time: a logged step's own seconds stand for every step since the previous row
+        # (validation left out: it is the same work whatever the policy).
+        steps, step = row["step"] - step, row["step"]
+        seconds += steps * (row.get("train/step_seconds", math.nan) + row.get("train/data_seconds", 0.0))
         for key, value in row.items():
             if key not in ("step", "epoch"):
                 series.setdefault(key, []).append((tokens, value))
+                if math.isfinite(seconds):
+                    by_time.setdefault(key, []).append((seconds, value))
     data = config.get("data", {})
     return Run(
         path=run_dir,
-        label=_label(run_dir, config),
+        label=run_dir.name,
         policy=str(data.get("policy", "?")),
         max_seq_len=data.get("max_seq_len"),
         batch_size=config.get("train", {}).get("batch_size"),
         series=series,
         config=config,
+        by_time=by_time,
     )
 
 
 def run_numbers(run: Run) -> dict[str, float]:
     """A run's numbers in the table: last real tokens and losses, median tokens/s, mean padding waste
-    and pack utilization (nan where the run has no value)."""
+    and pack utilization, its layout's truncated pairs (a fraction of all pairs) and its training
+    seconds (nan where the run has no value)."""
     speeds = run.values("train/tokens_per_sec")
+    clock = run.by_time.get(LOSS, [])
     return {
         "real_tokens": run.last("train/tokens"),
         "train_loss": run.last("train/loss"),
@@ -118,4 +163,6 @@ def run_numbers(run: Run) -> dict[str, float]:
         "tokens_per_sec": float(np.median(speeds)) if len(speeds) else math.nan,
         "padding_waste": run.mean("train/padding_waste"),
         "pack_utilization": run.mean("train/pack_utilization"),
+        "truncated_pairs": run.truncated_fraction(),
+        "train_seconds": clock[-1][0] if clock else math.nan,
     }
