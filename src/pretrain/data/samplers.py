@@ -5,8 +5,11 @@
 Every rank builds the same global sequence of units (packs or padded rows) for an epoch from
 (seed, epoch) alone, cuts it into global batches of `batch_size` units, and takes global
 batches rank, rank + world_size, ...; the last `global_batches % world_size` batches are dropped so
-every rank has the same count (`epoch_accounting` says exactly what was dropped). Since the epoch's
-order is regenerated, the state is two integers (epoch, cursor) plus settings to check on resume.
+every rank has the same count (`epoch_accounting` says exactly what was dropped). The policy's
+`unit_order` may group the order into whole optimizer updates (`update_units` consecutive units,
+vsl: each of one bucket) and leave out units that make none; its plan then serves a whole number
+of updates per rank. Since the epoch's order is regenerated, the state is two integers (epoch,
+cursor) plus settings to check on resume.
 
 Validation is not a sampler's job: its pairs are the same for every policy (evaluation.py).
 """
@@ -21,7 +24,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .batch import PackedBatch
-from .policies import EpochPlan, Layout, PolicySettings, shuffled, split_chunks, split_fingerprint
+from .policies import EpochPlan, Layout, PolicySettings, split_chunks, split_fingerprint
 from .tokens import TokenSplit
 
 STATE_VERSION = 2  # 2: settings named by their config keys (renamed keys are mapped by the policy)
@@ -83,8 +86,15 @@ class Sampler:
             "train.batch_size": self.batch_size,
             "seed": self.settings.seed,
             **self.policy_settings(),
+            **self._update_key(),
             "split_fingerprint": self._split_fingerprint,
         }
+
+    def _update_key(self) -> dict:
+        """What a plan of whole updates (vsl) also depends on: another value regroups every update."""
+        if not self.policy.whole_updates:
+            return {}
+        return {"train.accumulation": self.settings.accumulation, "world_size": self.world_size}
 
     # --- the epoch plan --------------------------------------------------------------------------
 
@@ -99,19 +109,22 @@ class Sampler:
             self._fixed_layout = layout
         return layout
 
-    def _unit_order(self, epoch: int, units: int) -> np.ndarray | None:
-        return shuffled(self._rng(epoch), units) if self.policy.shuffle_units else None
+    @property
+    def update_units(self) -> int:
+        """Consecutive units of an epoch's order that make one optimizer update over all ranks: rank r's
+        update u is global batches (u x accumulation + j) x world_size + r, j < accumulation."""
+        return self.batch_size * self.settings.accumulation * self.world_size
 
     def plan(self, epoch: int) -> EpochPlan:
         """The units of `epoch` in order and how they are batched."""
         plan = self._plans.get(epoch)
         if plan is None:
             layout = self._layout(epoch)
-            global_batches = math.ceil(len(layout) / self.batch_size)
+            order = self.policy.unit_order(layout, self._rng(epoch), self.update_units)
+            units = len(layout) if order is None else len(order)
+            global_batches = math.ceil(units / self.batch_size)
             batches = global_batches // self.world_size
-            plan = EpochPlan(
-                layout, self._unit_order(epoch, len(layout)), self.batch_size, global_batches, batches
-            )
+            plan = EpochPlan(layout, order, self.batch_size, global_batches, batches)
             if len(self._plans) >= 2:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[epoch] = plan
@@ -142,7 +155,7 @@ class Sampler:
         epoch = self.epoch if epoch is None else epoch
         plan = self.plan(epoch)
         served = plan.batches * self.world_size * self.batch_size
-        dropped_units = plan.ordered(served)
+        dropped_units = np.concatenate([plan.ordered(served), plan.unordered()])
         items, _ = plan.layout.items_of(dropped_units)
         return {
             "units": len(plan.layout),

@@ -173,7 +173,7 @@ def inspect_split(
         "truncated_pairs": policy.truncated_pairs(train, plan),
         "cross_document_visible_fraction": policy.cross_document_visible_fraction(plan),
         **audit_plan(policy, train, plan),
-        "tokens_per_step": real / global_batches * accumulation if global_batches else 0.0,
+        "tokens_per_step": plan.ordered_tokens / global_batches * accumulation if global_batches else 0.0,
         "steps_per_epoch": global_batches // accumulation,
         **(_audits(train, validation) if audits else {}),
         "settings": {"batch_size": settings.batch_size, "accumulation": accumulation, **own},

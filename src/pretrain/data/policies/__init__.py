@@ -1,10 +1,11 @@
-"""Data policies as plug-ins: one module per policy (padded, prepacked, bestfit, firstfit), each a class built
-from its own config dataclass (the `data` group's options), and one registry (`registry.py`).
+"""Data policies as plug-ins: one module per policy (padded, prepacked, bestfit, firstfit, vsl), each a
+class built from its own config dataclass (the `data` group's options), and one registry (`registry.py`).
 
 A policy says how an epoch's units are laid out, how a batch is gathered, what it costs and how
 validation chunks are batched (`base.DataPolicy`); the generic `Sampler` (data/samplers.py) owns the
 epoch plan, the rank split, the cursor and the state. Shared machinery: `layout.py` (Layout,
-EpochPlan, chunk tables) and `packs.py` (the prepacked policy's stored packs).
+EpochPlan, chunk tables) and `packs.py` (the prepacked policy's stored packs),
+`curriculum.py` (vsl's bucket order).
 
 Nothing here imports torch at module level (a batch is built lazily), so the config schema that
 registers these dataclasses stays cheap for `pretrain prepare`.
@@ -12,6 +13,7 @@ registers these dataclasses stays cheap for `pretrain prepare`.
 
 from .base import DataConfig, DataPolicy, LongDocs, PackingConfig, PackingPolicy, Policy, positive_int
 from .bestfit import BestfitConfig, BestfitPolicy, bestfit_layout
+from .curriculum import Curriculum
 from .firstfit import FirstfitConfig, FirstfitPolicy, firstfit_layout
 from .layout import EpochPlan, Layout, shuffled, split_chunks, split_fingerprint
 from .packs import Strategy, load_or_build_packs, packs_path
@@ -19,11 +21,13 @@ from .padded import PaddedConfig, PaddedPolicy, PadTo
 from .prepacked import PrepackedConfig, PrepackedPolicy
 from .registry import REGISTRY, build_policy, policy_class
 from .settings import PolicySettings
+from .vsl import VslConfig, VslPolicy, decompose
 
 __all__ = [
     "REGISTRY",
     "BestfitConfig",
     "BestfitPolicy",
+    "Curriculum",
     "DataConfig",
     "DataPolicy",
     "EpochPlan",
@@ -41,8 +45,11 @@ __all__ = [
     "PrepackedConfig",
     "PrepackedPolicy",
     "Strategy",
+    "VslConfig",
+    "VslPolicy",
     "bestfit_layout",
     "build_policy",
+    "decompose",
     "firstfit_layout",
     "load_or_build_packs",
     "packs_path",

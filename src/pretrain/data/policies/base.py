@@ -21,7 +21,7 @@ import numpy as np
 from ...errors import ConfigError
 from ..chunking import ChunkTable, check_max_seq_len
 from ..packing import best_fit_buffered
-from .layout import EpochPlan, Layout, first_chunk_ids
+from .layout import EpochPlan, Layout, first_chunk_ids, shuffled
 
 if TYPE_CHECKING:
     from ..batch import PackedBatch
@@ -39,6 +39,7 @@ class Policy(StrEnum):
     prepacked = "prepacked"
     bestfit = "bestfit"
     firstfit = "firstfit"
+    vsl = "vsl"
 
 
 class LongDocs(StrEnum):
@@ -64,7 +65,7 @@ class DataConfig:
     types the group with its own subclass, registered in Hydra's ConfigStore by `pretrain.config`."""
 
     policy: Policy = MISSING  # type: ignore[assignment]
-    """how batches are built from the cache: padded, prepacked, bestfit or firstfit"""
+    """how batches are built from the cache: padded, prepacked, bestfit, firstfit or vsl"""
     max_seq_len: int = 512
     """context length = pack capacity = padded row width, 2..4096"""
     long_docs: LongDocs = LongDocs.chunk
@@ -85,6 +86,14 @@ class DataConfig:
                 f"data.policy={chosen} does not fit the options of data={own}: choose the policy "
                 f"with data={chosen} (one of {', '.join(Policy)})"
             )
+
+    def microbatch_units(self, batch_size: int | None, microbatch_tokens: int | None) -> int:
+        """Units (rows or packs) per microbatch: train.batch_size, or train.microbatch_tokens //
+        max_seq_len (the train group checked that exactly one is set). A policy may refuse a pairing."""
+        if batch_size is not None:
+            return int(batch_size)
+        assert microbatch_tokens is not None
+        return max(1, int(microbatch_tokens) // int(self.max_seq_len))
 
 
 @dataclass
@@ -113,6 +122,9 @@ class DataPolicy:
     fixed_layout: ClassVar[bool] = True  # the same layout every epoch (built once per sampler)
     shuffle_units: ClassVar[bool] = True  # shuffle the units of the layout per training epoch
     unit_name: ClassVar[str] = "packs"  # what a unit is called in messages
+    # True when `unit_order` groups the units into whole optimizer updates (vsl: one bucket per update):
+    # the plan then depends on train.accumulation and the world size, and a resume checks both.
+    whole_updates: ClassVar[bool] = False
     # Resume-key names of older checkpoints -> today's (a state saved before a key moved still resumes).
     renamed_settings: ClassVar[dict[str, str]] = {}
 
@@ -144,6 +156,13 @@ class DataPolicy:
     ) -> Layout:
         """The units of an epoch; `rng` is the epoch's own generator (seed, epoch)."""
         raise NotImplementedError
+
+    def unit_order(self, layout: Layout, rng: np.random.Generator, update_units: int) -> np.ndarray | None:
+        """The units the epoch serves, in order (None: every unit in layout order); units left out are
+        the epoch's dropped tail. `rng` is the epoch's own generator (seed, epoch), `update_units` the
+        consecutive units of the order that make one optimizer update over all ranks (units per batch
+        x train.accumulation x world size). Default: every unit, shuffled when `shuffle_units`."""
+        return shuffled(rng, len(layout)) if self.shuffle_units else None
 
     def gather(self, split: TokenSplit, layout: Layout, items: np.ndarray, counts: np.ndarray) -> PackedBatch:
         """The batch of `items` (layout item indices, unit after unit; `counts` items per unit)."""

@@ -160,7 +160,8 @@ def first_chunk_ids(table: ChunkTable) -> np.ndarray:
 @dataclass(frozen=True)
 class EpochPlan:
     """An epoch as arrays only: the layout (index arrays into the sampler's chunk table) and the
-    unit order (None: the units in layout order, as bestfit serves them)."""
+    unit order (None: the units in layout order, as bestfit serves them). The order may leave units
+    of the layout out (vsl: those that make no whole update): they are dropped like the tail."""
 
     layout: Layout
     order: np.ndarray | None  # unit ids in epoch order (int32 when they fit); None: 0, 1, 2, ...
@@ -168,9 +169,22 @@ class EpochPlan:
     global_batches: int  # batches the whole order makes (the last may be partial)
     batches: int  # batches per rank
 
+    @property
+    def ordered_units(self) -> int:
+        """Units the order holds (every unit of the layout unless the policy left some out)."""
+        return len(self.layout) if self.order is None else len(self.order)
+
+    def unordered(self) -> np.ndarray:
+        """Unit ids of the layout the order leaves out (int64; empty for a full order)."""
+        if self.ordered_units == len(self.layout):
+            return np.zeros(0, dtype=np.int64)
+        kept = np.zeros(len(self.layout), dtype=bool)
+        kept[self.ordered()] = True
+        return np.flatnonzero(~kept).astype(np.int64)
+
     def ordered(self, first: int = 0, stop: int | None = None) -> np.ndarray:
         """Unit ids at epoch positions first..stop-1 (int64)."""
-        stop = len(self.layout) if stop is None else min(stop, len(self.layout))
+        stop = self.ordered_units if stop is None else min(stop, self.ordered_units)
         if self.order is None:
             return np.arange(first, max(first, stop), dtype=np.int64)
         return self.order[first:stop].astype(np.int64)
@@ -181,6 +195,13 @@ class EpochPlan:
     @property
     def real_tokens(self) -> int:
         return self.layout.real_tokens
+
+    @property
+    def ordered_tokens(self) -> int:
+        """Real tokens of the units the order holds (= real_tokens for a full order)."""
+        if self.ordered_units == len(self.layout):
+            return self.real_tokens
+        return int(self.layout.unit_tokens[self.ordered()].sum())
 
     @property
     def nbytes(self) -> int:

@@ -9,12 +9,14 @@ from .bestfit import BestfitPolicy
 from .firstfit import FirstfitPolicy
 from .padded import PaddedPolicy
 from .prepacked import PrepackedPolicy
+from .vsl import VslPolicy
 
 REGISTRY: dict[Policy, type[DataPolicy]] = {
     Policy.padded: PaddedPolicy,
     Policy.prepacked: PrepackedPolicy,
     Policy.bestfit: BestfitPolicy,
     Policy.firstfit: FirstfitPolicy,
+    Policy.vsl: VslPolicy,
 }
 
 

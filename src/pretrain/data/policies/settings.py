@@ -44,14 +44,10 @@ class PolicySettings:
     @classmethod
     def from_config(cls, data: DataConfig, train: TrainConfig, seed: int) -> PolicySettings:
         """From the typed `data` and `train` groups and the run seed."""
-        batch_size = train.batch_size
-        if batch_size is None:  # the schema checked that exactly one of the two is set
-            assert train.microbatch_tokens is not None
-            batch_size = max(1, train.microbatch_tokens // int(data.max_seq_len))
         return cls(
             data=data,
             seed=int(seed),
-            batch_size=int(batch_size),
+            batch_size=data.microbatch_units(train.batch_size, train.microbatch_tokens),
             eval_microbatch_tokens=int(train.eval_microbatch_tokens),
             val_batches=train.val_batches,
             accumulation=int(train.accumulation),
