@@ -43,16 +43,18 @@ def test_each_config_holds_only_its_policys_options():
         Policy.prepacked: {"strategy", "document_mask", "packing_buffer"},
         Policy.bestfit: {"document_mask", "packing_buffer"},
         Policy.firstfit: {"document_mask", "packing_buffer", "open_bins"},
+        Policy.vsl: {"curriculum", "curriculum_cycles"},
     }
 
 
 def test_every_policy_has_the_composition_axes_with_todays_defaults():
     """data.long_docs for every policy (padded truncates, the others chunk); data.document_mask for
-    every packing policy (on)."""
+    every packing policy (on); vsl's pieces are isolated sequences, it has no mask to turn off."""
     for name in REGISTRY:
         config = to_config(load_config([f"data={name}"])).data
         assert config.long_docs == ("truncate" if name == Policy.padded else "chunk")
-        assert getattr(config, "document_mask", None) is (None if name == Policy.padded else True)
+        unmasked = (Policy.padded, Policy.vsl)
+        assert getattr(config, "document_mask", None) is (None if name in unmasked else True)
 
 
 @pytest.mark.parametrize(
@@ -63,6 +65,25 @@ def test_every_policy_has_the_composition_axes_with_todays_defaults():
         (["data=padded", "data.document_mask=false"], r"Could not override 'data\.document_mask'"),
         (["data=bestfit", "data.open_bins=4"], r"Could not override 'data\.open_bins'"),
         (["data=bestfit", "data.long_docs=foo"], r"Invalid value 'foo', expected one of \[chunk, truncate\]"),
+        (["data=vsl", "data.document_mask=false"], r"Could not override 'data\.document_mask'"),
+        (
+            ["data=vsl", "data.curriculum=grow"],
+            r"Invalid value 'grow', expected one of \[natural, grow_p2, uniform\]",
+        ),
+        (
+            ["data=vsl", "data.curriculum_cycles=0"],
+            r"data\.curriculum_cycles must be a positive integer, got 0",
+        ),
+        (
+            ["data=vsl", "data.max_seq_len=1000"],
+            r"^data=vsl cuts documents into power-of-two pieces: data\.max_seq_len must be a power of two, "
+            r"got 1000; set e\.g\. data\.max_seq_len=1024$",
+        ),
+        (
+            ["data=vsl", "train.batch_size=null", "train.microbatch_tokens=1000"],
+            r"^data=vsl serves the same tokens at every sequence length: train\.microbatch_tokens=1000 must "
+            r"be a multiple of data\.max_seq_len=512; set e\.g\. train\.microbatch_tokens=512$",
+        ),
     ],
 )
 def test_a_composition_option_it_cannot_take_is_refused(overrides, message):
@@ -75,7 +96,7 @@ def test_a_composition_option_it_cannot_take_is_refused(overrides, message):
 def test_an_unknown_policy_is_refused_listing_the_choices():
     with pytest.raises(
         ConfigError,
-        match=r"^unknown data\.policy 'greedy'; choose one of padded, prepacked, bestfit, firstfit$",
+        match=r"^unknown data\.policy 'greedy'; choose one of padded, prepacked, bestfit, firstfit, vsl$",
     ):
         policy_class("greedy")
 

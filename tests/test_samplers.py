@@ -38,6 +38,15 @@ CASES = {
     "firstfit-truncate": ("firstfit", "data.long_docs=truncate"),
     "bfd-open": ("prepacked", "data.strategy=bfd", "data.document_mask=false"),
     "firstfit-open": ("firstfit", "data.open_bins=2", "data.document_mask=false"),
+    # Whole updates of one length bucket each, in curriculum order.
+    "vsl": ("vsl",),
+    "vsl-grow_p2-truncate": (
+        "vsl",
+        "data.curriculum=grow_p2",
+        "data.curriculum_cycles=2",
+        "data.long_docs=truncate",
+    ),
+    "vsl-uniform-accumulation": ("vsl", "data.curriculum=uniform", "train.accumulation=2"),
 }
 
 

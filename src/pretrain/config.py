@@ -311,9 +311,10 @@ class LoggerConfig:
 @dataclass
 class TrainConfig:
     batch_size: int | None = 4
-    """packs (or padded rows) per microbatch"""
+    """packs (or padded rows; vsl: units of max_seq_len tokens) per microbatch"""
     microbatch_tokens: int | None = None
-    """alternative to batch_size (batch_size = microbatch_tokens // max_seq_len); set only one"""
+    """alternative to batch_size (batch_size = microbatch_tokens // max_seq_len; vsl: a multiple of it); set
+    only one"""
     packing_buffer: int | None = None
     """moved to data.packing_buffer (setting it here is an error that says so)"""
     accumulation: int = 1
@@ -445,6 +446,11 @@ class Config:
                 f"train.microbatch_tokens={tokens} is less than one row of data.max_seq_len={length}: set "
                 f"train.microbatch_tokens>={length}, or train.batch_size instead"
             )
+        # A policy may refuse how the train group sizes a microbatch
+        # (vsl: train.microbatch_tokens must be a whole number of max_seq_len units).
+        train, data = self.train, self.data
+        if _is_set(data.max_seq_len) and (_is_set(train.batch_size) or _is_set(train.microbatch_tokens)):
+            data.microbatch_units(train.batch_size, train.microbatch_tokens)
 
 
 # --- Hydra ----------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ class DataConfig:
     policy: Policy = MISSING  # type: ignore[assignment]
     """how batches are built from the cache: padded, prepacked, bestfit, firstfit or vsl"""
     max_seq_len: int = 512
-    """context length = pack capacity = padded row width, 2..4096"""
+    """context length = pack capacity = padded row width, 2..4096 (a power of two for vsl)"""
     long_docs: LongDocs = LongDocs.chunk
     """long documents: chunk (every chunk trained) or truncate (first max_seq_len inputs); padded: truncate"""
 
