@@ -64,6 +64,12 @@ class Sampler:
         self._plans: dict[int, EpochPlan] = {}
         self._fixed_layout: Layout | None = None  # a policy whose layout is the same every epoch
         self._split_fingerprint = split_fingerprint(split)
+        if len(self) == 0 and self.policy.whole_updates:
+            raise ConfigError(
+                f"the {split.name} split fills no whole update from one length bucket ({self.update_units} "
+                f"{self.policy.unit_name} of {self.max_seq_len} tokens: train.batch_size x train.accumulation "
+                f"x world_size={world_size}): lower train.batch_size or train.accumulation, or use more data"
+            )
         if len(self) == 0:
             raise ConfigError(
                 f"the {split.name} split makes {self.plan(0).global_batches} batches of {self.batch_size} "

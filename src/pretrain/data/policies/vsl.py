@@ -149,8 +149,8 @@ class VslPolicy(DataPolicy):
             first, stop = pieces.bucket(k)
             rows.append(first + shuffled(rng, stop - first).astype(np.int64))
             per_unit = self.max_seq_len >> k
-            bounds = np.append(np.arange(per_unit, stop - first, per_unit), stop - first)
-            ptr.append(ptr[-1][-1] + bounds[bounds > 0])
+            ends = np.append(np.arange(per_unit, stop - first, per_unit), stop - first)
+            ptr.append(first + ends[ends > 0])  # the bucket's pieces are items first : stop
         items = np.concatenate(rows).astype(index_dtype(len(pieces.table)))
         return Layout(table=pieces.table, rows=items, ptr=np.concatenate(ptr))
 
