@@ -10,11 +10,13 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import policy_cfg
+from conftest import TINY_RUN, module_cache_root, policy_cfg
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_composition import BASE, expected_pairs, numbered_split
+from test_training import StopAfter, read_batches, read_metrics
 
+from pretrain.config import load_config
 from pretrain.data.audit import composition_audit
 from pretrain.data.batch import IGNORE_INDEX
 from pretrain.data.chunking import chunk_table
@@ -24,6 +26,7 @@ from pretrain.data.samplers import build_sampler
 from pretrain.data.stats import inspect_split
 from pretrain.errors import ConfigError
 from pretrain.training.datamodule import UpdateStream
+from pretrain.training.run import train
 
 # Documents of 13, 40, 1 and 16 prediction pairs (EOS included in the lengths), at file offsets
 # 0, 14, 55 and 57.
@@ -160,7 +163,11 @@ def test_every_pair_once_per_epoch_and_updates_of_one_length_on_every_rank(
             assert b.num_tokens == b.num_targets == tokens and len(b.cu_seqlens) == tokens // piece + 1
             assert b.position_ids.tolist() == list(range(piece)) * (tokens // piece)
             real = b.targets.numpy() != IGNORE_INDEX
-            served.update(zip((b.input_ids.numpy()[real] - BASE).tolist(), b.targets.numpy()[real].tolist()))
+            served.update(
+                zip(
+                    (b.input_ids.numpy()[real] - BASE).tolist(), b.targets.numpy()[real].tolist(), strict=True
+                )
+            )
     assert max(served.values(), default=1) == 1
     # The tail no rank receives (partial units, units that make no whole update) holds the rest.
     sampler = build_sampler(cfg, split, rank=0, world_size=world)
@@ -267,3 +274,48 @@ def test_inspect_data_counts_whole_updates():
     assert stats["chunk_lengths"]["max"] == 16 and stats["chunk_lengths"]["min"] == 1
     assert stats["settings"]["curriculum"] == "grow_p2" and stats["settings"]["curriculum_cycles"] == 8
     assert stats["validation"]["scored_pairs"] > 0 and stats["validation"]["batches"] >= 1
+
+
+# --- a short training, resumed through a checkpoint --------------------------------------------------
+
+cache_root = module_cache_root()  # one cache for the training test of this module
+
+
+def test_training_resumes_through_a_checkpoint_with_the_same_updates_and_losses(tmp_path, cache_root):
+    """data=vsl trains end to end (every update of one length, the same tokens each), and a run stopped
+    at a checkpoint and resumed serves bitwise the updates and losses of the uninterrupted one."""
+    common = [
+        *TINY_RUN,
+        "data=vsl",
+        "data.curriculum=grow_p2",
+        "data.curriculum_cycles=2",
+        "train.accumulation=2",
+        "train.max_steps=6",
+        "train.warmup_steps=1",
+        "train.val_every_n_steps=3",
+        "train.checkpoint_every_n_steps=3",
+        "train.deterministic=true",
+        "record_batches=true",
+        "progress_bar=false",
+    ]
+
+    def compose(out, *extra):
+        return load_config([f"output_dir={out}", *common, *extra])
+
+    full, first, second = tmp_path / "full", tmp_path / "first", tmp_path / "second"
+    train(compose(full))
+    train(compose(first), callbacks=[StopAfter(3)])
+    train(compose(second, f"ckpt_path={first / 'checkpoints' / 'step000003.ckpt'}"))
+
+    want = read_batches(full)
+    got = read_batches(first)[:3] + read_batches(second)
+    assert [b["step"] for b in got] == list(range(6))
+    assert [b["digest"] for b in got] == [b["digest"] for b in want]
+    full_metrics, resumed = read_metrics(full), read_metrics(first)
+    for key, values in read_metrics(second).items():
+        resumed.setdefault(key, {}).update(values)
+    assert resumed["train/loss"] == full_metrics["train/loss"]
+    assert resumed["val/loss"] == full_metrics["val/loss"]
+    # Every update holds batch_size x max_seq_len x accumulation real tokens, whatever its length.
+    tokens = sorted(full_metrics["train/tokens"].items())
+    assert np.diff([0.0, *(v for _, v in tokens)]).tolist() == [2 * 32 * 2.0] * len(tokens)

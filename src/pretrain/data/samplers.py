@@ -67,8 +67,9 @@ class Sampler:
         if len(self) == 0 and self.policy.whole_updates:
             raise ConfigError(
                 f"the {split.name} split fills no whole update from one length bucket ({self.update_units} "
-                f"{self.policy.unit_name} of {self.max_seq_len} tokens: train.batch_size x train.accumulation "
-                f"x world_size={world_size}): lower train.batch_size or train.accumulation, or use more data"
+                f"{self.policy.unit_name} of {self.max_seq_len} tokens: train.batch_size x "
+                f"train.accumulation x world_size={world_size}): lower train.batch_size or "
+                "train.accumulation, or use more data"
             )
         if len(self) == 0:
             raise ConfigError(

@@ -10,6 +10,11 @@ be normalised by the update's token count before the first backward. Every item 
 state *after* it; the module records the state of the last update it actually trained, and that is
 what a checkpoint saves. Lightning prefetches one item ahead, so the sampler's live state would be
 one update too far: a resume from it would silently skip an update.
+
+An update is `train.accumulation` consecutive batches of this rank. A policy that plans whole updates
+(vsl: every microbatch of an update, on every rank, from one length bucket) serves a whole number of
+updates per epoch, so an update never straddles two epochs, and a saved cursor is always at an
+update's start.
 """
 
 from __future__ import annotations
