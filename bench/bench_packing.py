@@ -7,13 +7,15 @@ source and tokenizer are importable, else characters / 4), (b) synthetic FineWeb
 gather-inclusive throughput, which reads random tokens of those lengths.
 
 Plan at scale (`measure_plan`, each in a fresh process): a bestfit epoch plan (the sampler's
-shuffle + best fit, buffer 64), a firstfit epoch plan (the shuffle + online first fit, 8 open bins)
-and the prepacked BFD plan of synthetic FineWeb-like chunks at
+shuffle + best fit, buffer 64), a firstfit epoch plan (the shuffle + online first fit, 8 open bins),
+the prepacked BFD plan and a vsl epoch plan (the power-of-two decomposition, a sampler's first plan,
+then each bucket's shuffle, its units and the natural curriculum's order of whole updates of 8 units)
+of synthetic FineWeb-like chunks at
 max_seq_len 1024, at 10M, 100M, 1B and 10B tokens (also extrapolated from 1B with the growth below
 it) for the fast planners, and at 10M and 100M (extrapolated to 10B) for the pure-Python
-references; seconds (wall and CPU: on a shared machine CPU seconds are the steadier number) and
-peak memory (tracemalloc: numpy and numba allocations). `python bench/bench_packing.py --plan 1e10`
-measures one size alone. Validation memory (`measure_validation`): peak RSS growth of the tiny
+references (vsl is numpy only: it has none); seconds (wall and CPU: on a shared machine CPU seconds
+are the steadier number) and peak memory (tracemalloc: numpy and numba allocations).
+`python bench/bench_packing.py --plan 1e10` measures one size alone. Validation memory (`measure_validation`): peak RSS growth of the tiny
 model scoring one 8192-token microbatch, chunked loss vs one whole-batch head.
 """
 
@@ -41,6 +43,8 @@ from pretrain.data.policies import (
     Layout,
     Policy,
     PolicySettings,
+    VslConfig,
+    VslPolicy,
     bestfit_layout,
     firstfit_layout,
     shuffled,
@@ -63,7 +67,9 @@ REFERENCE_TOKENS = (10_000_000, 100_000_000)
 PLAN_SEQ_LEN = 1024
 PLAN_BUFFER = 64
 OPEN_BINS = 8  # firstfit's default (torchtitan's FirstFitPackIterDataset keeps 8 bins open)
-PLAN_METHODS = ("bestfit", "firstfit", "bfd")
+PLAN_METHODS = ("bestfit", "firstfit", "bfd", "vsl")
+REFERENCE_METHODS = ("bestfit", "firstfit", "bfd")  # the planners with a pure-Python twin (vsl is numpy)
+VSL_BATCH = 8  # vsl's units (of max_seq_len tokens) per microbatch: one update of 8 units per bucket
 TARGET_PLAN_SECONDS = 5.0  # per rank, 10B tokens
 TARGET_PLAN_MIB = 1024.0
 TARGET_VALIDATION_MIB = 1024.0
@@ -260,8 +266,11 @@ def measure_plan(
 
     `method`: "bestfit" (what a bestfit rank does every epoch: the seeded int32 shuffle, then best
     fit from a `buffer`-chunk buffer through that order), "firstfit" (the same shuffle, then online
-    first fit with OPEN_BINS bins open) or "bfd" (the prepacked strategy's best-fit-decreasing, built
-    once). `reference`: the pure-Python reference planners instead.
+    first fit with OPEN_BINS bins open), "bfd" (the prepacked strategy's best-fit-decreasing, built
+    once) or "vsl" (a sampler's first vsl plan: the decomposition into power-of-two pieces, then the
+    epoch's units and their natural-curriculum order of whole updates of VSL_BATCH units; "packs"
+    counts its units, and the bytes kept include the piece table).
+    `reference`: the pure-Python reference planners instead.
     Returns seconds (wall), cpu_seconds, pack_seconds (packing alone), peak_mib (tracemalloc peak
     of a second, traced run: numpy and numba allocations; None for the reference, whose Python
     objects would take minutes to trace), compile_seconds (importing numba and compiling the kernels
@@ -291,6 +300,17 @@ def measure_plan(
             else:
                 layout = firstfit_layout(table, order, OPEN_BINS)
             return time.perf_counter() - packed, len(layout), layout.nbytes
+        if method == "vsl":
+            policy = VslPolicy(VslConfig(policy=Policy.vsl, max_seq_len=max_seq_len))
+            unused = TokenSplit.from_lengths(np.array([2]), seed=0)  # vsl's layout reads the table only
+            layout = policy.layout(unused, table, np.random.default_rng([0, 1]), None)
+            order = policy.unit_order(layout, np.random.default_rng([0, 1]), VSL_BATCH)
+            seconds = time.perf_counter() - packed
+            assert order is not None
+            pieces = layout.table
+            table_bytes = pieces.doc.nbytes + pieces.start.nbytes + pieces.length.nbytes
+            kept = layout.nbytes + order.nbytes + table_bytes
+            return seconds, len(layout), kept
         items, ptr = best_fit_decreasing(table.length, max_seq_len)
         return time.perf_counter() - packed, len(ptr) - 1, items.nbytes + ptr.nbytes
 
@@ -387,7 +407,10 @@ def _plan_at_scale() -> tuple[list[dict], dict]:
     rows = []
     for method in PLAN_METHODS:
         fast = [measure_plan_isolated(n, method=method) for n in PLAN_TOKENS]
-        slow = [measure_plan_isolated(n, method=method, reference=True) for n in REFERENCE_TOKENS]
+        slow = [
+            measure_plan_isolated(n, method=method, reference=True)
+            for n in (REFERENCE_TOKENS if method in REFERENCE_METHODS else ())
+        ]
         # Growth per 10x tokens at each step, and 10B extrapolated from 1B with the last growth
         # below it (what a run without the 10B measurement would predict), beside the measurement.
         growth = [big["seconds"] / small["seconds"] for small, big in zip(fast, fast[1:], strict=False)]
@@ -400,8 +423,12 @@ def _plan_at_scale() -> tuple[list[dict], dict]:
             "seconds": one_b["seconds"] * growth[-2] * 10_000_000_000 / (10 * one_b["tokens"]),
             "peak_mib": one_b["peak_mib"] * (one_b["peak_mib"] / fast[-3]["peak_mib"]),
         }
-        ref_growth = slow[-1]["seconds"] / slow[-2]["seconds"]
-        reference_10b = slow[-1]["seconds"] * ref_growth ** math.log10(10_000_000_000 / slow[-1]["tokens"])
+        ref_growth = slow[-1]["seconds"] / slow[-2]["seconds"] if slow else None
+        reference_10b = (
+            slow[-1]["seconds"] * ref_growth ** math.log10(10_000_000_000 / slow[-1]["tokens"])
+            if slow and ref_growth
+            else None
+        )
         results["fast"][method] = {
             "measured": fast,
             "growth_per_10x": growth,
@@ -510,8 +537,13 @@ def run() -> dict:
             f"{at_10b['plan_bytes_per_chunk']:.1f} B/chunk kept; "
             f"numba load {at_10b['compile_seconds']:.2f} s; "
             f"growth per 10x tokens from 10M: {growth} (1B extrapolated to 10B: "
-            f"{info['extrapolated_10B_from_1B']['seconds']:.1f} s); pure-Python reference at 10B: "
-            f"{reference['extrapolated_10B_seconds']:.0f} s (extrapolated from 100M)"
+            f"{info['extrapolated_10B_from_1B']['seconds']:.1f} s)"
+            + (
+                f"; pure-Python reference at 10B: {reference['extrapolated_10B_seconds']:.0f} s "
+                "(extrapolated from 100M)"
+                if reference["extrapolated_10B_seconds"] is not None
+                else ""
+            )
         )
     chunked, whole = validation_memory["chunked"], validation_memory["whole_batch"]
     verdicts["validation_memory"] = {"peak_ok": chunked["peak_rss_growth_mib"] <= TARGET_VALIDATION_MIB}

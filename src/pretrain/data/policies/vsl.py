@@ -144,15 +144,15 @@ class VslPolicy(DataPolicy):
         """Each bucket's pieces shuffled and grouped max_seq_len / 2^k to a unit, bucket after bucket
         (shortest first); a bucket's last unit may be partial (`unit_order` never serves it)."""
         pieces = self.pieces(table)
+        dtype = index_dtype(len(pieces.table))  # int32 below 2^31 pieces: 4 bytes per piece
         rows, ptr = [], [np.zeros(1, dtype=np.int64)]
         for k in range(len(pieces.first) - 1):
             first, stop = pieces.bucket(k)
-            rows.append(first + shuffled(rng, stop - first).astype(np.int64))
+            rows.append((shuffled(rng, stop - first) + dtype(first)).astype(dtype, copy=False))
             per_unit = self.max_seq_len >> k
             ends = np.append(np.arange(per_unit, stop - first, per_unit), stop - first)
             ptr.append(first + ends[ends > 0])  # the bucket's pieces are items first : stop
-        items = np.concatenate(rows).astype(index_dtype(len(pieces.table)))
-        return Layout(table=pieces.table, rows=items, ptr=np.concatenate(ptr))
+        return Layout(table=pieces.table, rows=np.concatenate(rows), ptr=np.concatenate(ptr))
 
     def unit_order(self, layout: Layout, rng: np.random.Generator, update_units: int) -> np.ndarray | None:
         """Whole updates of `update_units` units of one bucket each, in the curriculum's bucket order;
