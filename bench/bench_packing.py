@@ -10,13 +10,13 @@ Plan at scale (`measure_plan`, each in a fresh process): a bestfit epoch plan (t
 shuffle + best fit, buffer 64), a firstfit epoch plan (the shuffle + online first fit, 8 open bins),
 the prepacked BFD plan and a vsl epoch plan (the power-of-two decomposition, a sampler's first plan,
 then each bucket's shuffle, its units and the natural curriculum's order of whole updates of 8 units)
-of synthetic FineWeb-like chunks at
-max_seq_len 1024, at 10M, 100M, 1B and 10B tokens (also extrapolated from 1B with the growth below
-it) for the fast planners, and at 10M and 100M (extrapolated to 10B) for the pure-Python
-references (vsl is numpy only: it has none); seconds (wall and CPU: on a shared machine CPU seconds
-are the steadier number) and peak memory (tracemalloc: numpy and numba allocations).
-`python bench/bench_packing.py --plan 1e10` measures one size alone. Validation memory (`measure_validation`): peak RSS growth of the tiny
-model scoring one 8192-token microbatch, chunked loss vs one whole-batch head.
+of synthetic FineWeb-like chunks at max_seq_len 1024, at 10M, 100M, 1B and 10B tokens (also
+extrapolated from 1B with the growth below it) for the fast planners, and at 10M and 100M
+(extrapolated to 10B) for the pure-Python references (vsl is numpy only: it has none); seconds (wall
+and CPU: on a shared machine CPU seconds are the steadier number) and peak memory (tracemalloc:
+numpy and numba allocations). `python bench/bench_packing.py --plan 1e10` measures one size alone.
+Validation memory (`measure_validation`): peak RSS growth of the tiny model scoring one 8192-token
+microbatch, chunked loss vs one whole-batch head.
 """
 
 from __future__ import annotations

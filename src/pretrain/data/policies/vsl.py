@@ -69,18 +69,20 @@ def decompose(table: ChunkTable, chunks: np.ndarray | None = None) -> Pieces:
     doc, start, length = table.doc, table.start, table.length
     if chunks is not None:
         doc, start, length = doc[chunks], start[chunks], length[chunks]
-    length = length.astype(np.int64)
-    docs, starts, first = [], [], []
-    for k in range(bucket_count(max_seq_len)):
+    buckets = bucket_count(max_seq_len)
+    sizes = [np.count_nonzero(length & (1 << k)) for k in range(buckets)]
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    # Filled in place, bucket by bucket: no list of parts to concatenate (half the peak at 10B tokens).
+    piece_doc = np.empty(int(bounds[-1]), dtype=doc.dtype)
+    piece_start = np.empty(int(bounds[-1]), dtype=np.int64)
+    for k in range(buckets):
         has = np.flatnonzero(length & (1 << k))
-        docs.append(doc[has])
-        starts.append(start[has] + ((length[has] >> (k + 1)) << (k + 1)))
-        first.append(len(has))
-    bounds = np.concatenate([[0], np.cumsum(first)]).astype(np.int64)
+        piece_doc[bounds[k] : bounds[k + 1]] = doc[has]
+        piece_start[bounds[k] : bounds[k + 1]] = start[has] + ((length[has] >> (k + 1)) << (k + 1))
     pieces = ChunkTable(
-        doc=np.concatenate(docs).astype(doc.dtype, copy=False),
-        start=np.concatenate(starts).astype(np.int64, copy=False),
-        length=np.repeat(1 << np.arange(len(first), dtype=np.int64), first).astype(np.int32),
+        doc=piece_doc,
+        start=piece_start,
+        length=np.repeat((1 << np.arange(buckets)).astype(np.int32), sizes),
         max_seq_len=max_seq_len,
     )
     return Pieces(pieces, bounds)
