@@ -335,7 +335,7 @@ def test_mismatched_state_is_refused(tmp_path):
         build_sampler(case_cfg("bestfit"), random_split(18)).load_state_dict(state)
 
 
-@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit", "firstfit"])
+@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit", "firstfit", "vsl"])
 def test_data_configs(policy):
     from pretrain.config import load_config
 
@@ -346,9 +346,11 @@ def test_data_configs(policy):
         assert data.pad_to == "max"
     if policy == "prepacked":
         assert data.strategy == "concat" and data.document_mask is True
+    if policy == "vsl":
+        assert data.curriculum == "natural" and data.curriculum_cycles == 8
 
 
-@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit", "firstfit"])
+@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit", "firstfit", "vsl"])
 def test_composed_config_builds_samplers(policy, tmp_path):
     from pretrain.config import load_config
 
