@@ -50,6 +50,8 @@ def test_chunks_become_power_of_two_pieces_longest_first_bucket_by_bucket():
     assert table.start.tolist() == [12, 55, 8, 0, 46, 57, 14]
     assert table.doc.tolist() == [0, 2, 0, 0, 1, 3, 1]
     assert table.total_pairs == 13 + 40 + 1 + 16
+    with pytest.raises(ValueError, match="power-of-two max_seq_len, got 24"):
+        decompose(chunk_table(split.offsets, split.lengths, 24))
 
 
 def test_truncate_decomposes_each_documents_first_chunk_only():

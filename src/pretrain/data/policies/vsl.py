@@ -64,8 +64,8 @@ def decompose(table: ChunkTable, chunks: np.ndarray | None = None) -> Pieces:
     """Cut `chunks` (ids of `table`; None: every chunk) into power-of-two pieces: chunk of length n
     gives a piece of 2^k for every bit k of n, the longest first (at offset n with bits <= k cleared)."""
     max_seq_len = table.max_seq_len
-    if not is_power_of_two(max_seq_len):
-        raise ConfigError(f"data=vsl needs a power-of-two data.max_seq_len, got {max_seq_len}")
+    if not is_power_of_two(max_seq_len):  # VslConfig refuses it for the user: here a caller's bug
+        raise ValueError(f"decompose needs a power-of-two max_seq_len, got {max_seq_len}")
     doc, start, length = table.doc, table.start, table.length
     if chunks is not None:
         doc, start, length = doc[chunks], start[chunks], length[chunks]
