@@ -271,7 +271,7 @@ class EpochFits(L.Callback):
             return
         units = len(sampler.plan(sampler.epoch).layout)
         if sampler.batch_size * trainer.world_size > units:
-            kind = "padded rows" if sampler.policy == "padded" else "packs"
+            kind = sampler.policy.unit_name  # the policy's own word for a unit (rows, packs)
             ranks = f" x {trainer.world_size} ranks" if trainer.world_size > 1 else ""
             raise ConfigError(
                 f"train.batch_size={sampler.batch_size}{ranks} is more than an epoch of the train split, "
