@@ -52,10 +52,11 @@ def run() -> None:
     @hydra.main(config_path="conf", config_name="train", version_base="1.3")
     def main(cfg: DictConfig) -> None:
         from pretrain.errors import exit_on_user_error
+        from pretrain.report.compare import plot_run
         from pretrain.training.run import train
 
         with exit_on_user_error():
-            summary = train(cfg)
+            summary = train(cfg, plot_run=plot_run)
         if summary[
             "exit_code"
         ]:  # stopped by a signal: 128 + its number (143 SIGTERM, 138 SIGUSR1, 130 Ctrl-C)

@@ -30,11 +30,11 @@ from conftest import (
 )
 from filelock import FileLock
 
-from pretrain.data.build import settings as settings_module
-from pretrain.data.build.settings import PrepareSettings, resolve_num_proc
+from pretrain.data import prepare_settings as settings_module
 from pretrain.data.build.staging import part_file, prepare_task, staging_dir
 from pretrain.data.cache import CacheError, verify_cache
 from pretrain.data.prepare import prepare_cache
+from pretrain.data.prepare_settings import PrepareSettings, resolve_num_proc
 from pretrain.data.sources import LocalSource, PartSizes, documents, fineweb, source_from_config
 from pretrain.errors import ConfigError, SourceError
 

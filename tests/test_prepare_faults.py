@@ -34,10 +34,10 @@ from filelock import FileLock
 
 from pretrain.cli import main
 from pretrain.data.build import collect
-from pretrain.data.build.settings import PrepareSettings, usable_cores
 from pretrain.data.build.staging import checksum_file, part_file, staging_dir
 from pretrain.data.cache import verify_cache
 from pretrain.data.prepare import prepare_cache
+from pretrain.data.prepare_settings import PrepareSettings, usable_cores
 from pretrain.data.sources import PartSizes
 from pretrain.data.writer import SplitWriter
 
@@ -327,6 +327,7 @@ def test_train_builds_its_cache_with_the_prepare_settings(tmp_path, cache_root):
         f"output_dir={tmp_path / 'run'}",
         "progress_bar=false",
         "train.max_steps=1",
+        "train.warmup_steps=0",
         "budget.train_tokens=20000",
         "budget.validation_tokens=2000",
         "prepare.num_proc=1",

@@ -17,7 +17,7 @@ from pretrain.data.cache import CacheSpec
 from pretrain.data.policies import PolicySettings
 from pretrain.data.prepare import prepare_cache
 from pretrain.data.stats import inspect_split
-from pretrain.report.compare import COLUMNS, Run, load_run, run_group_of
+from pretrain.report.compare import COLUMNS, Run, load_run, plot_run, run_group_of
 from pretrain.training.loggers import (
     PLOT_KEY,
     TOKEN_AXIS,
@@ -60,7 +60,7 @@ def sweep(tmp_path_factory):
         patch.delenv("WANDB_API_KEY", raising=False)
         patch.setenv("PRETRAIN_CACHE_ROOT", str(root / "cache"))
         for directory, extra in POLICIES.items():
-            train(load_config(_overrides(root / "sweep" / directory, *extra)))
+            train(load_config(_overrides(root / "sweep" / directory, *extra)), plot_run=plot_run)
         assert (
             main(["compare", str(root / "sweep"), "--output", str(root / "cmp" / "cmp.png"), "--wandb"]) == 0
         )

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import CacheError, ConfigError
-from .build.settings import PrepareSettings
 from .files import (
     ensure_dir,
     file_stat,
@@ -43,6 +42,7 @@ from .files import (
     write_json_atomic,
 )
 from .index import REBUILD_HINT, read_index, read_index_array
+from .prepare_settings import PrepareSettings
 from .sources import source_identity
 from .tokenizer import TokenizerFiles, resolve_files
 from .tokens import EOS_TOKEN_ID, DocumentIds, TokenSplit

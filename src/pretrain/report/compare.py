@@ -412,6 +412,12 @@ def plot(runs: list[Run], output: Path) -> None:
     plt.close(fig)
 
 
+def plot_run(run_dir: Path) -> Path:
+    """A finished run's own comparison plot, `<run_dir>/compare.png` (what `python train.py` draws at
+    the end of a single run, and into W&B)."""
+    return compare([run_dir], output=run_dir / "compare.png", quiet=True)
+
+
 def compare(
     directories: list[Path], output: Path | None = None, quiet: bool = False, wandb: bool = False
 ) -> Path:

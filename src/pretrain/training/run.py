@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -280,7 +281,12 @@ class EpochFits(L.Callback):
             )
 
 
-def train(cfg: DictConfig | Config, callbacks=()) -> dict:
+PlotRun = Callable[[Path], Path]
+"""Draws a finished run's comparison plot into its directory and returns the image (the entry point
+passes report/'s `plot_run`: training never imports report/)."""
+
+
+def train(cfg: DictConfig | Config, callbacks=(), plot_run: PlotRun | None = None) -> dict:
     """Run one training job; returns its summary (also written to run.json in the output dir).
 
     The signal handlers are train.py's when it installed them (from its first line), else this
@@ -290,13 +296,13 @@ def train(cfg: DictConfig | Config, callbacks=()) -> dict:
     signals = Signals().install() if own else signals
     assert signals is not None
     try:
-        return _train(cfg, callbacks, signals)
+        return _train(cfg, callbacks, signals, plot_run)
     finally:
         if own:
             signals.restore()
 
 
-def _train(cfg: DictConfig | Config, callbacks, signals: Signals) -> dict:
+def _train(cfg: DictConfig | Config, callbacks, signals: Signals, plot_run: PlotRun | None) -> dict:
     quiet_lightning()
     run = RunSettings.from_config(cfg)  # schema, device and ckpt_path checks: nothing written yet
     output_dir = run.output_dir
@@ -308,7 +314,7 @@ def _train(cfg: DictConfig | Config, callbacks, signals: Signals) -> dict:
                 remove_killed_writes(folder)  # of writers killed mid-write (a full disk, kill -9)
             run = run.resolve_auto()
             _writable_checkpoint_dir(output_dir / "checkpoints")
-            return _fit(run, callbacks, signals)
+            return _fit(run, callbacks, signals, plot_run)
         except PretrainError:
             if fresh and _is_rank_zero() and not _trained(output_dir):
                 # A run that never started leaves no directory behind (only what Hydra and we made).
@@ -323,7 +329,7 @@ def _trained(output_dir: Path) -> bool:
     return (output_dir / "metrics.csv").exists() or any((output_dir / "checkpoints").glob("*.ckpt"))
 
 
-def _fit(run: RunSettings, callbacks, signals: Signals) -> dict:
+def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None) -> dict:
     config, output_dir = run.config, run.output_dir
     L.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = PretrainDataModule(run.cache, run.policy)
@@ -392,11 +398,10 @@ def _fit(run: RunSettings, callbacks, signals: Signals) -> dict:
         _write_outputs(output_dir, summary, config)
         # A single run under Hydra, and every W&B run, get their comparison plot (config.yaml first:
         # the plot's label reads it); not a stopped one: its grace time is short.
-        wants_plot = _hydra_mode() == "RUN" or config.logger.kind == "wandb"
+        wants_plot = plot_run is not None and (_hydra_mode() == "RUN" or config.logger.kind == "wandb")
         if wants_plot and stopped_by is None and signals.late is None and interrupted is None:
-            from ..report.compare import compare
-
-            plot = compare([output_dir], output=output_dir / "compare.png", quiet=True)
+            assert plot_run is not None
+            plot = plot_run(output_dir)
     if interrupted is None:
         finish_loggers(trainer, summary, plot)  # W&B: the summary row and the plot, then the run ends
     if trainer.is_global_zero:

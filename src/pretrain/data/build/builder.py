@@ -19,13 +19,13 @@ from pathlib import Path
 from ... import __version__
 from ...errors import SourceError
 from ..cache import SPLITS, CacheSpec, new_manifest, write_manifest
+from ..prepare_settings import resolve_num_proc
 from ..sources import source_from_config
 from ..writer import SplitWriter
 from .collect import BuildStats, Collector
 from .encode import Encoded
 from .executors import Job, encoded_parts
 from .progress import progress_bar
-from .settings import resolve_num_proc
 from .staging import staged_parts
 
 

@@ -28,12 +28,12 @@ import numpy as np
 from ...errors import CacheError
 from ...fileio import atomic_write, remove_stale_temporaries, sha256_file, write_text_atomic
 from ..cache import CacheSpec
+from ..prepare_settings import resolve_num_proc
 from ..sources import source_from_config
 from .collect import BuildStats
 from .encode import Encoded
 from .executors import Job, encoded_parts
 from .progress import progress_bar
-from .settings import resolve_num_proc
 
 PART_FILE_FORMAT = 1
 _RECORD = b"PPRT"

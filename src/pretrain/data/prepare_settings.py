@@ -9,9 +9,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import ConfigError
-from ..sources.base import PartSizes, Source
-from ..tokenizer import ENCODERS
+from ..errors import ConfigError
+from .sources.base import PartSizes, Source
+from .tokenizer import ENCODERS
 
 
 @dataclass(frozen=True)
