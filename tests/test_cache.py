@@ -1,7 +1,7 @@
 """The token cache: content, dedup, budgets, EOS, verification, rebuild, identity and source errors.
 
 Expectations come from the requirements alone: hashlib for ids and the split, the pure-Python GPT-2
-encoder for the tokens (conftest.expected_cache), and the raw files read with numpy and json.
+encoder for the tokens (helpers.reference.expected_cache), and the raw files read with numpy and json.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from conftest import (
+from helpers import (
     EOS,
     TRICKY_TEXTS,
     cache_spec,

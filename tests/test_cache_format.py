@@ -21,7 +21,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from conftest import (
+from helpers import (
     REPO,
     base_overrides,
     cache_spec,
@@ -347,8 +347,8 @@ _READ_ONLY_CHILD = """
 import json, os, sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
-from conftest import cache_spec, compose, policy_cfg
-os.environ.update({env!r})  # conftest points these at its own temporary directories
+from helpers import cache_spec, compose, policy_cfg
+os.environ.update({env!r})  # helpers.env points these at its own temporary directories
 from pretrain.data.prepare import prepare_cache, verify_existing
 from pretrain.data.samplers import build_sampler
 from pretrain.errors import CacheError

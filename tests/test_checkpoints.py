@@ -12,7 +12,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import TINY_RUN, module_cache_root
+from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +29,7 @@ from pretrain.training.checkpoints import (
 from pretrain.training.run import train
 
 # One cache for this module and test_preemption.py (the same session folder, under a file lock).
-cache_root = module_cache_root("checkpoint-tests-cache")
+cache_root = module_cache_root(SHARED_CACHE)
 
 
 SMALL = [*TINY_RUN, "progress_bar=false"]

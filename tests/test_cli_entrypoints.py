@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DESIGN_KEYS
+from helpers import DESIGN_KEYS
 
 from pretrain.cli import parse_args
 

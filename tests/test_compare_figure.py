@@ -10,7 +10,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
-from conftest import prepare, settings_of
+from helpers import prepare, settings_of
 from omegaconf import OmegaConf
 
 from pretrain.config import to_config

@@ -9,7 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import policy_cfg
+from helpers import policy_cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -9,7 +9,7 @@ from typing import get_type_hints
 
 import pytest
 import yaml
-from conftest import REPO, cli_env, prepare_command
+from helpers import REPO, cli_env, prepare_command
 from hydra.errors import ConfigCompositionException
 from omegaconf import MISSING, OmegaConf
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import module_cache_root
+from helpers import SHARED_CACHE, module_cache_root
 
 from pretrain.data import gather_packed, gather_padded
 from pretrain.model.attention import prepare_attention
@@ -444,7 +444,7 @@ def test_batch_level_varlen_metadata_is_int32_with_a_python_int_max():
 # ------------------------------------------------------------------------------ bf16 autocast on CPU
 
 
-cache_root = module_cache_root()  # one cache for the whole module
+cache_root = module_cache_root(SHARED_CACHE)  # one cache for the whole module
 
 
 def test_bf16_mixed_training_on_cpu_with_sdpa(cache_root, tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_RUN, module_cache_root
+from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import cli
 from pretrain.config import load_config
@@ -28,7 +28,7 @@ from pretrain.training.checkpoints import (
 from pretrain.training.run import train
 from pretrain.training.rundir import LOCK_NAME, RunLock
 
-cache_root = module_cache_root("checkpoint-tests-cache")  # shared with test_checkpoints/test_preemption
+cache_root = module_cache_root(SHARED_CACHE)  # shared with test_checkpoints/test_preemption
 SMALL = [*TINY_RUN, "progress_bar=false"]
 OLD = Path("/work/old-ckpts")
 

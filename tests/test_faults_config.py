@@ -11,14 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN, module_cache_root
+from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import cli
 from pretrain.config import load_config, to_config
 from pretrain.errors import ConfigError
 from pretrain.training.run import hydra_quote, train
 
-cache_root = module_cache_root("checkpoint-tests-cache")
+cache_root = module_cache_root(SHARED_CACHE)
 REPO = Path(__file__).resolve().parents[1]
 DATA_OPTIONS = ", ".join(sorted(p.stem for p in (REPO / "conf" / "data").glob("*.yaml")))  # one line
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_RUN, module_cache_root
+from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import checkpoint_files as checkpoints
 from pretrain import cli, fileio
@@ -24,7 +24,7 @@ from pretrain.hf import init_from, read_hf_config
 from pretrain.model import GPT, GPTConfig
 from pretrain.training.run import train
 
-cache_root = module_cache_root("checkpoint-tests-cache")
+cache_root = module_cache_root(SHARED_CACHE)
 SMALL = [*TINY_RUN, "progress_bar=false"]
 REPO = Path(__file__).resolve().parents[1]
 DROP = "-dac_override,-dac_read_search,-fowner"

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import lightning as L
 import pytest
-from conftest import TINY_RUN, module_cache_root
+from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain.config import load_config
 from pretrain.training.preemption import Interrupted
 from pretrain.training.run import train
 
-cache_root = module_cache_root("checkpoint-tests-cache")
+cache_root = module_cache_root(SHARED_CACHE)
 SMALL = [*TINY_RUN, "progress_bar=false"]
 REPO = Path(__file__).resolve().parents[1]
 

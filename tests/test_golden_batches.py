@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import module_cache_root
+from helpers import SHARED_CACHE, module_cache_root
 
 from pretrain.config import load_config
 from pretrain.training.run import train
@@ -24,7 +24,7 @@ from pretrain.training.run import train
 GOLDEN = Path(__file__).parent / "golden" / "batches.json"
 RECORD = os.environ.get("PRETRAIN_RECORD_GOLDEN") == "1"
 
-cache_root = module_cache_root()  # one cache (the embedded corpus) for every case
+cache_root = module_cache_root(SHARED_CACHE)  # one cache (the embedded corpus) for every case
 
 COMMON = [
     "experiment=smoke",

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, cli_env, module_cache_root
+from helpers import REPO, SHARED_CACHE, cli_env, module_cache_root
 
 from pretrain.config import load_config, to_config
 from pretrain.data import TokenSplit, chunk_table, gather_packed
@@ -34,7 +34,7 @@ ATOL = 1e-5
 BASE = ["experiment=smoke", "budget.validation_tokens=3000"]
 
 
-cache_root = module_cache_root()  # one cache for the whole module
+cache_root = module_cache_root(SHARED_CACHE)  # one cache for the whole module
 
 
 @pytest.fixture(scope="module")

@@ -349,7 +349,7 @@ def test_validation_loss_without_gradients_is_chunked_and_equals_the_unchunked_o
 
 
 def test_largest_logits_of_an_8192_token_validation_batch_are_bounded_by_the_chunk():
-    from conftest import policy_cfg
+    from helpers import policy_cfg
 
     from pretrain.data.evaluation import evaluation_batches
     from pretrain.evaluate import evaluate

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
+from filelock import FileLock
+from helpers import (
     REPO,
     cache_spec,
     cli_env,
@@ -28,7 +29,6 @@ from conftest import (
     write_jsonl,
     write_parquet,
 )
-from filelock import FileLock
 
 from pretrain.data import prepare_settings as settings_module
 from pretrain.data.build.staging import part_file, prepare_task, staging_dir

@@ -121,7 +121,7 @@ def _split(documents: int, seed: int):
 
 
 def test_bestfit_sampler_epochs_are_the_reference_plans():
-    from conftest import policy_cfg
+    from helpers import policy_cfg
 
     from pretrain.data.samplers import build_sampler
 
@@ -139,7 +139,7 @@ def test_bestfit_sampler_epochs_are_the_reference_plans():
 
 
 def test_prepacked_bfd_sampler_is_the_reference_plan(tmp_path):
-    from conftest import policy_cfg
+    from helpers import policy_cfg
 
     from pretrain.data.samplers import build_sampler
 
@@ -201,7 +201,7 @@ def test_fineweb_like_first_fit_epoch_matches_the_reference(capacity):
 
 
 def test_firstfit_sampler_epochs_are_the_reference_plans():
-    from conftest import policy_cfg
+    from helpers import policy_cfg
 
     from pretrain.data.samplers import build_sampler
 

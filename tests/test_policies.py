@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import policy_cfg
+from helpers import policy_cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -11,7 +11,7 @@ from dataclasses import fields
 
 import pytest
 import yaml
-from conftest import REPO
+from helpers import REPO
 
 from pretrain import errors
 from pretrain.config import load_config, to_config

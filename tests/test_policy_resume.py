@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import module_cache_root
+from helpers import SHARED_CACHE, module_cache_root
 from test_golden_batches import CASES, COMMON, GOLDEN
 
 from pretrain.config import load_config, to_config
@@ -19,7 +19,7 @@ from pretrain.data.policies import PolicySettings
 from pretrain.data.prepare import prepare_cache
 from pretrain.data.samplers import STATE_VERSION, build_sampler
 
-cache_root = module_cache_root()
+cache_root = module_cache_root(SHARED_CACHE)
 
 
 def _sampler(name: str, tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from conftest import TINY_RUN, module_cache_root
+from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain.config import load_config
 from pretrain.training.checkpoints import verify_checkpoint
@@ -36,7 +36,7 @@ SMALL = [
 
 
 # One cache for this module and test_checkpoints.py (the same session folder, under a file lock).
-cache_root = module_cache_root("checkpoint-tests-cache")
+cache_root = module_cache_root(SHARED_CACHE)
 
 
 def compose(out: Path, *overrides: str):

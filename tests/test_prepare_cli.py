@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
+from helpers import (
     REPO,
     cli_env,
     compose,

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
+from filelock import FileLock
+from helpers import (
     REPO,
     TINY_RUN,
     base_overrides,
@@ -30,7 +31,6 @@ from conftest import (
     write_jsonl,
     write_parquet,
 )
-from filelock import FileLock
 
 from pretrain.cli import main
 from pretrain.data.build import collect

@@ -11,7 +11,7 @@ import sys
 from unittest import mock
 
 import pytest
-from conftest import EOS, cache_spec, compose, expected_split, prepare, reference_encode
+from helpers import EOS, cache_spec, compose, expected_split, prepare, reference_encode
 
 from pretrain.data import sources
 from pretrain.data.cache import identity_key

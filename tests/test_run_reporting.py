@@ -9,7 +9,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import module_cache_root, split_of
+from helpers import SHARED_CACHE, module_cache_root, split_of
 
 from pretrain.config import load_config, to_config
 from pretrain.data.cache import CacheSpec
@@ -32,7 +32,7 @@ POLICIES = {
 }
 
 
-cache_root = module_cache_root()  # one cache for the whole module
+cache_root = module_cache_root(SHARED_CACHE)  # one cache for the whole module
 
 
 def settings_for(*overrides: str) -> tuple[PolicySettings, CacheSpec]:

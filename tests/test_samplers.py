@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import policy_cfg, settings_of
+from helpers import policy_cfg, settings_of
 
 from pretrain.data.evaluation import (
     evaluation_batch_count,

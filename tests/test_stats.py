@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DESIGN_KEYS as INSPECT_DATA_KEYS
-from conftest import policy_cfg, split_of
+from helpers import DESIGN_KEYS as INSPECT_DATA_KEYS
+from helpers import policy_cfg, split_of
 from rich.console import Console
 
 from pretrain.data.stats import inspect_split, render_table, stats_warnings, verbatim_leaks

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import cache_spec, reference_encode
+from helpers import cache_spec, reference_encode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

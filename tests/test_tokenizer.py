@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import reference_encode
+from helpers import reference_encode
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import module_cache_root
+from helpers import SHARED_CACHE, module_cache_root
 
 from pretrain.config import load_config
 from pretrain.data import TokenSplit, gather_packed
@@ -27,7 +27,7 @@ from pretrain.training.update import run_update
 REPO = Path(__file__).resolve().parents[1]
 
 
-cache_root = module_cache_root()  # one cache for the whole module
+cache_root = module_cache_root(SHARED_CACHE)  # one cache for the whole module
 
 
 def compose(out: Path, *overrides: str):

@@ -10,7 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import TINY_RUN, module_cache_root, policy_cfg
+from helpers import SHARED_CACHE, TINY_RUN, module_cache_root, policy_cfg
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_composition import BASE, expected_pairs, numbered_split
@@ -280,7 +280,7 @@ def test_inspect_data_counts_whole_updates():
 
 # --- a short training, resumed through a checkpoint --------------------------------------------------
 
-cache_root = module_cache_root()  # one cache for the training test of this module
+cache_root = module_cache_root(SHARED_CACHE)  # one cache for the training test of this module
 
 
 def test_training_resumes_through_a_checkpoint_with_the_same_updates_and_losses(tmp_path, cache_root):
