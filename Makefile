@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-all bench lint train sweep gpu-check gpu-wheels clean
+.PHONY: install test test-e2e test-all bench lint train sweep gpu-check gpu-wheels clean
 
 # pip shows its progress: the first install downloads ~1 GB and takes minutes.
 $(STAMP): pyproject.toml
@@ -24,11 +24,19 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # The suite never touches the network: hub access is switched off for every test process.
+# Three tiers (tests/conftest.py marks `e2e` from what a test calls): `make test` the quick unit tier,
+# `make test-e2e` the tests that train, start processes or build the embedded corpus's cache (CI runs both),
+# `make test-all` everything, `slow` included.
+TEST_ENV := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline
+
 test: install
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -m "not slow" -q
+	$(TEST_ENV) $(PY) -m pytest -m "not slow and not e2e" -q
+
+test-e2e: install
+	$(TEST_ENV) $(PY) -m pytest -m "e2e and not slow" -q
 
 test-all: install
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q
+	$(TEST_ENV) $(PY) -m pytest -q
 
 bench: install
 	$(PY) bench/run.py

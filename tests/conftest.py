@@ -3,7 +3,9 @@ or module-shared cache root, the fixture corpus and its files, and a config fact
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,47 @@ def make_cfg(tmp_path, corpus_texts):
         return compose(*local_overrides(files, **settings), *overrides)
 
     return make
+
+
+# --- tiers: `make test` (unit), `make test-e2e`, `make test-all` ----------------------------------
+
+# What makes a test end-to-end: it trains, starts processes or builds the embedded corpus's cache, itself
+# or through a fixture. Such calls in the test's (or a fixture's) source mark it `e2e`, so a new test is
+# tiered by what it does, not by a list someone must keep.
+_E2E_CALLS = re.compile(
+    r"\btrain\(|\bsubprocess\.|\brun_prepare\(|\bmp\.spawn\(|\bPopen\(|\bprepare_cache\(|\bmain\(\[|"
+    r"\bcheck_call\(|\bspawn\("
+)
+
+
+def _source(function) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def _is_e2e(item) -> bool:
+    if _E2E_CALLS.search(_source(getattr(item, "function", None))):
+        return True
+    fixtures = getattr(item, "_fixtureinfo", None)
+    for name, definitions in fixtures.name2fixturedefs.items() if fixtures else ():
+        if name == "cache_root" and getattr(item.module, "cache_root", None) is not None:
+            return (
+                True  # a module-shared cache of the embedded corpus: the module's tests build or train on it
+            )
+        if any(
+            _E2E_CALLS.search(_source(d.func)) for d in definitions if d.baseid
+        ):  # the suite's own fixtures
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if (
+            item.get_closest_marker("e2e") is None
+            and item.get_closest_marker("slow") is None
+            and _is_e2e(item)
+        ):
+            item.add_marker(pytest.mark.e2e)
