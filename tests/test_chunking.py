@@ -31,16 +31,21 @@ def test_split_tokens_conserves_pairs(n, max_seq_len, seed):
     pairs = n - 1
     assert len(chunks) == -(-pairs // max_seq_len)
     assert sum(len(c) for c in chunks) == pairs
-    for k, chunk in enumerate(chunks):
-        assert chunk.index == k
-        assert 1 <= len(chunk) <= max_seq_len
-        assert len(chunk.targets) == len(chunk.inputs) == len(chunk.positions)
-        np.testing.assert_array_equal(chunk.positions, np.arange(len(chunk)))  # positions restart
-        assert all(len(c) == max_seq_len for c in chunks[:-1])  # only the last chunk is short
+    # One pass over the chunks, whole-array checks after it: linear in the document's length.
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+    lengths = np.array([len(c) for c in chunks], dtype=np.int64)
+    assert all(len(c.targets) == len(c.inputs) == len(c.positions) == len(c) for c in chunks)
+    assert ((lengths >= 1) & (lengths <= max_seq_len)).all()
+    assert (lengths[:-1] == max_seq_len).all()  # only the last chunk is short
     if chunks:
         # Inputs tile tokens[:-1] and targets tile tokens[1:]: each pair exactly once, in order.
         np.testing.assert_array_equal(np.concatenate([c.inputs for c in chunks]), tokens[:-1])
         np.testing.assert_array_equal(np.concatenate([c.targets for c in chunks]), tokens[1:])
+        # Positions restart at 0 in every chunk.
+        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        np.testing.assert_array_equal(
+            np.concatenate([c.positions for c in chunks]), np.arange(pairs) - starts
+        )
         assert not any(EOS_TOKEN_ID in c.inputs for c in chunks)  # no EOS inserted at a cut
 
 
