@@ -171,6 +171,98 @@ def test_chunked_checkpointed_loss_matches_the_direct_one():
         torch.testing.assert_close(g, w, atol=TIGHT, rtol=0)
 
 
+# --- the CPU head's workspace: bitwise the autograd head, buffers reused across steps ---------------
+
+
+def _head_inputs(dtype, rows=90, width=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, width, dtype=dtype, generator=gen)
+    weight = torch.randn(VOCAB, width, dtype=dtype, generator=gen)
+    targets = torch.randint(0, VOCAB, (rows,), generator=gen)
+    targets[::7] = IGNORE_INDEX
+    return hidden, weight, targets
+
+
+def _head_results(hidden, weight, targets, chunk_rows, workspace):
+    h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    losses = token_cross_entropy(h, w, targets, chunk_rows=chunk_rows, workspace=workspace)
+    (losses.sum() / 37.0).backward()
+    with torch.no_grad():
+        evaluated = token_cross_entropy(hidden, weight, targets, chunk_rows=chunk_rows, workspace=workspace)
+    return losses.detach(), h.grad, w.grad, evaluated
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("chunk_rows", [None, 8, 89])  # one chunk (kept), 12 chunks, a 1-row tail
+def test_workspace_head_is_bitwise_the_autograd_head(dtype, chunk_rows):
+    from pretrain.model.loss import uses_workspace
+
+    hidden, weight, targets = _head_inputs(dtype)
+    assert uses_workspace(hidden, weight)
+    got = _head_results(hidden, weight, targets, chunk_rows, workspace=True)
+    want = _head_results(hidden, weight, targets, chunk_rows, workspace=False)
+    for name, g, w in zip(["losses", "grad hidden", "grad weight", "no-grad losses"], got, want, strict=True):
+        assert g.dtype == w.dtype == dtype and torch.equal(g, w), name
+    assert (got[0][targets == IGNORE_INDEX] == 0).all() and (got[0][targets != IGNORE_INDEX] > 0).all()
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 40])
+def test_gpt_gradients_with_the_workspace_head_are_bitwise_the_autograd_ones(monkeypatch, chunk_rows):
+    """The tied weight sums the head's chunks and the embedding's gradient in the same order."""
+    import functools
+
+    from pretrain.model import gpt as gpt_module
+    from pretrain.model import loss as loss_module
+
+    if chunk_rows is not None:
+        monkeypatch.setattr(loss_module, "LOSS_CHUNK_ROWS", chunk_rows)
+    batch = packed(chunks_of(documents(DOC_LENGTHS)))
+    results = []
+    for workspace in (True, False):
+        head = functools.partial(loss_module.token_cross_entropy, workspace=workspace)
+        monkeypatch.setattr(gpt_module, "token_cross_entropy", head)
+        model = small_model(dtype=torch.float32)
+        loss = model.loss(batch, denominator=batch.num_targets)
+        loss.backward()
+        results.append((loss.detach(), grads(model)))
+    (loss, got), (reference, want) = results
+    assert torch.equal(loss, reference)
+    assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+
+
+def test_workspace_buffers_are_reused_across_steps_and_bounded():
+    from pretrain.model.loss import WORKSPACE, HeadWorkspace
+
+    WORKSPACE.clear()
+    hidden, weight, targets = _head_inputs(torch.float32)  # 90 rows
+    hidden.requires_grad_()
+
+    def step(rows):
+        token_cross_entropy(hidden[:rows], weight, targets[:rows]).sum().backward()
+        return sorted(f.data_ptr() for f in WORKSPACE._free[torch.float32])
+
+    first = step(60)
+    assert len(first) == HeadWorkspace.KEEP  # log-probabilities and their gradient
+    assert WORKSPACE.kept_bytes() == HeadWorkspace.KEEP * 60 * VOCAB * 4
+    assert step(60) == first and step(45) == first  # the same pages, also for a smaller batch
+    step(75)  # a larger batch grows the buffers; never more than two are kept
+    assert WORKSPACE.kept_bytes() == HeadWorkspace.KEEP * 75 * VOCAB * 4
+    WORKSPACE.clear()
+    assert WORKSPACE.kept_bytes() == 0
+
+
+def test_autocast_takes_the_autograd_head():
+    from pretrain.model.loss import uses_workspace
+
+    hidden, weight, targets = _head_inputs(torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not uses_workspace(hidden, weight)
+        losses = token_cross_entropy(hidden, weight, targets)
+    assert losses.dtype == torch.float32  # bf16 logits, fp32 cross-entropy
+    torch.testing.assert_close(losses, token_cross_entropy(hidden, weight, targets), atol=0.1, rtol=0.02)
+    assert not uses_workspace(hidden.to(torch.bfloat16), weight.to(torch.bfloat16))
+
+
 def good_batch():
     return packed(chunks_of(documents([10, 20, 15])))
 
