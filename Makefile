@@ -21,7 +21,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 	@echo "== installed; enter the environment with: source $(VENV)/bin/activate"
 
-install: $(STAMP)
+# The numba packing kernels compiled into their on-disk cache at install (and after the kernels
+# change), not by the first run (~4 s, more on a loaded machine).
+KERNELS_STAMP := $(VENV)/.kernels-compiled
+$(KERNELS_STAMP): $(STAMP) src/pretrain/data/packing_kernels.py
+	$(PY) -m pretrain.data.packing_kernels
+	touch $(KERNELS_STAMP)
+
+install: $(STAMP) $(KERNELS_STAMP)
 
 # The suite never touches the network: hub access is switched off for every test process.
 # Three tiers (tests/conftest.py marks `e2e` from what a test calls): `make test` the quick unit tier,

@@ -2,14 +2,44 @@
 module only when numba is importable; its pure-Python reference implementations give exactly the
 same packs).
 
-Compiled on first use and cached on disk (`cache=True`: beside this file when writable, else numba's
-per-user cache; `NUMBA_CACHE_DIR` moves it). Every array is numpy; no Python object per item.
+Compiled once and cached on disk: beside this file when its folder is writable, else in numba's
+per-user cache (`NUMBA_CACHE_DIR` moves it). `make install` compiles them ahead (`python -m
+pretrain.data.packing_kernels`: every kernel for the int32/int64 arrays the planners pass), so the first
+run does not (~4 s). Where no cache folder is writable at all (a read-only install and home), they are
+compiled at every start without caching, with one warning, rather than left to the pure-Python
+planners. Every array is numpy; no Python object per item.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
 from numba import njit
+
+
+def _probe():  # pragma: no cover - only decorated, never called
+    return 0
+
+
+def _cache_available() -> bool:
+    """Whether numba can cache functions of this file: it looks for a writable folder (beside the
+    file, then per user) when a function is decorated with cache=True, and raises if none is."""
+    try:
+        njit(cache=True)(_probe)
+    except RuntimeError as error:  # "cannot cache function ...: no locator available for file ..."
+        logging.getLogger(__name__).warning(
+            "numba cannot cache the packing kernels (%s); they compile at every start (a few seconds): "
+            "set NUMBA_CACHE_DIR to a writable directory",
+            error,
+        )
+        return False
+    return True
+
+
+CACHED = _cache_available()
+_kernel = njit(cache=CACHED, nogil=True)
 
 # A three-level bitset over keys 0..MAX_KEY (32-bit words held in int64: no sign or overflow
 # trouble): level 0 has a bit per key, level 1 a bit per non-empty level-0 word, level 2 (one word)
@@ -25,13 +55,13 @@ _CTZ = np.array(
 _WORD = 0xFFFFFFFF
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def _ctz(m):
     """Index of the lowest set bit of a non-zero 32-bit value."""
     return _CTZ[(((m & -m) * _DEBRUIJN) & _WORD) >> 27]
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def _msb(v):
     """Index of the highest set bit of a non-zero 32-bit value."""
     v |= v >> 1
@@ -42,7 +72,7 @@ def _msb(v):
     return _ctz(v ^ (v >> 1))
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def new_bitset(max_key):
     """(level 0, level 1, level 2) for keys 0..max_key (<= MAX_KEY)."""
     words = (max_key >> 5) + 1
@@ -53,7 +83,7 @@ def new_bitset(max_key):
     )
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def bit_set(b0, b1, b2, key):
     w0 = key >> 5
     b0[w0] |= 1 << (key & 31)
@@ -61,7 +91,7 @@ def bit_set(b0, b1, b2, key):
     b2[0] |= 1 << (w0 >> 5)
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def bit_clear(b0, b1, b2, key):
     w0 = key >> 5
     b0[w0] &= ~(1 << (key & 31))
@@ -72,7 +102,7 @@ def bit_clear(b0, b1, b2, key):
             b2[0] &= ~(1 << w1)
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def bit_at_most(b0, b1, b2, key):
     """The largest set key <= key, or -1."""
     w0 = key >> 5
@@ -92,7 +122,7 @@ def bit_at_most(b0, b1, b2, key):
     return -1
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def bit_at_least(b0, b1, b2, key):
     """The smallest set key >= key, or -1 (key <= the bitset's max_key)."""
     w0 = key >> 5
@@ -114,7 +144,7 @@ def bit_at_least(b0, b1, b2, key):
     return -1
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def gather_block(lengths, order, block, first):
     """block[k] = lengths[order[first + k]], the block ending at the returned position; a short last
     block is right-aligned (block[size - count:]), so position p is always block[p - end + size]."""
@@ -126,7 +156,7 @@ def gather_block(lengths, order, block, first):
     return end
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def best_fit_buffered_kernel(lengths, order, capacity, buffer):
     """Best fit over the items order[0], order[1], ... (item i has length lengths[i]); returns the
     items pack by pack (order's dtype) and the int64 pack pointers.
@@ -199,7 +229,7 @@ def best_fit_buffered_kernel(lengths, order, capacity, buffer):
     return out, ptr
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def emit_bin(slot, opened, space, head, tail, count, after, order, out, taken, sizes, packs):
     """Write open bin `slot`'s items (a linked list of positions from head[slot]) to `out` from
     `taken`, record its size as pack `packs`, and close the gap it leaves in the slots (oldest
@@ -218,7 +248,7 @@ def emit_bin(slot, opened, space, head, tail, count, after, order, out, taken, s
     return taken
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def first_fit_online_kernel(lengths, order, capacity, open_bins):
     """First fit over the items order[0], order[1], ... (item i has length lengths[i]) with at most
     `open_bins` bins open (packing.first_fit_online says the rule); returns the items pack by pack
@@ -283,7 +313,7 @@ def first_fit_online_kernel(lengths, order, capacity, open_bins):
     return out, ptr
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def heap_meld(a, b, child, sibling):
     """Pairing heap (min by pack id): the root with the larger id becomes the other's first child."""
     if b < a:
@@ -293,7 +323,7 @@ def heap_meld(a, b, child, sibling):
     return a
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def heap_pop(root, space, child, sibling, stack):
     """Pop the smallest pack id of the heap at `space` (two-pass pairing of the root's children)."""
     top = root[space]
@@ -323,7 +353,7 @@ def heap_pop(root, space, child, sibling, stack):
     return top
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def best_fit_decreasing_kernel(lengths, capacity):
     """Longest first (a counting sort: ties keep the lower index first); a bitset of the remaining
     spaces that some open pack has finds the smallest sufficient space, and per space the packs
@@ -405,7 +435,7 @@ def best_fit_decreasing_kernel(lengths, capacity):
     return items, ptr
 
 
-@njit(cache=True, nogil=True)
+@_kernel
 def chunk_table_kernel(offsets, pairs, max_seq_len, total):
     """chunking.chunk_table in one pass, writing only its three arrays (int32 doc and length, int64
     start; fewer than 2^31 documents)."""
@@ -424,3 +454,26 @@ def chunk_table_kernel(offsets, pairs, max_seq_len, total):
             j += 1
             k += max_seq_len
     return doc, start, length
+
+
+def warm_up() -> float:
+    """Compile (or load from the cache) every kernel for the arrays the planners pass: int32 (a chunk
+    table's lengths) or int64 lengths, int32 or int64 orders, writable or read-only offsets. Returns
+    the seconds taken."""
+    started = time.perf_counter()
+    offsets = np.array([0, 5, 12], dtype=np.int64)
+    chunk_table_kernel(offsets, np.array([4, 6], dtype=np.int64), 3, 4)
+    offsets.flags.writeable = False  # a cached split's offsets are a read-only memmap: another type
+    chunk_table_kernel(offsets, np.array([4, 6], dtype=np.int64), 3, 4)
+    for lengths_dtype in (np.int32, np.int64):
+        lengths = np.array([3, 1, 2, 3, 2], dtype=lengths_dtype)
+        best_fit_decreasing_kernel(lengths, 4)
+        for order_dtype in (np.int32, np.int64):
+            order = np.arange(len(lengths), dtype=order_dtype)
+            best_fit_buffered_kernel(lengths, order, 4, 2)
+            first_fit_online_kernel(lengths, order, 4, 2)
+    return time.perf_counter() - started
+
+
+if __name__ == "__main__":
+    print(f"numba packing kernels ready in {warm_up():.1f} s (cached: {CACHED})")
