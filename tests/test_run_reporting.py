@@ -203,7 +203,8 @@ def test_scoring_says_how_far_it_is_when_it_takes_long(capsys):
     model = GPT(GPTConfig(vocab_size=50257, max_seq_len=32, n_layer=1, n_head=2, d_model=16), attn="sdpa")
     batches = [_random_batch(seed) for seed in range(3)]
     model.train()
-    nats, targets = score_batches(model, batches, torch.device("cpu"), progress)
+    sums = score_batches(model, batches, torch.device("cpu"), progress)
+    nats, targets = sums.nats, sums.targets
     assert model.training  # left in the mode it was in
     assert int(targets) == sum(b.num_targets for b in batches)
     expected = sum(float(model.eval().token_losses(b).sum()) for b in batches)

@@ -322,7 +322,10 @@ class TrainConfig:
     eval_microbatch_tokens: int = 8192
     """tokens per validation microbatch"""
     max_steps: int = 200
-    """optimizer updates to train"""
+    """optimizer updates to train (an upper bound when max_tokens is set)"""
+    max_tokens: int | None = None
+    """stop after the update that reaches this many real training tokens (all ranks), whatever the
+    policy, so runs compare at equal real tokens; null = train.max_steps alone decides"""
     lr: float = 3.0e-3
     """peak learning rate (AdamW)"""
     warmup_steps: int = 20
@@ -358,6 +361,7 @@ class TrainConfig:
         ):
             _at_least(f"train.{key}", getattr(self, key), 1)
         _at_least("train.warmup_steps", self.warmup_steps, 0)
+        _at_least("train.max_tokens", self.max_tokens, 1)  # null: no token budget
         self._check_batching()
         if _is_set(self.lr) and not self.lr > 0:
             raise ConfigError(f"train.lr={self.lr!r} must be > 0")

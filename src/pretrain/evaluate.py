@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,7 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .config import Config, config_dir, to_config, upgrade_run_config, with_group_option
 from .data.cache import CacheSpec
-from .data.evaluation import document_bytes, evaluation_batches, evaluation_units
+from .data.evaluation import document_bytes, evaluation_batches, evaluation_positions, evaluation_units
 from .data.policies import PolicySettings, split_chunks
 from .data.prepare import prepare_cache
 from .data.tokenizer import token_byte_lengths
@@ -39,6 +39,10 @@ class Evaluation:
     documents: int
     nats: float
     bytes: int
+    # Per bucket of the pair's input position in its document (scoring.POSITION_BUCKETS): the mean
+    # loss of each bucket holding a target, and every bucket's target count.
+    loss_by_position: dict[str, float] = field(default_factory=dict)
+    targets_by_position: dict[str, int] = field(default_factory=dict)
 
 
 def evaluate(
@@ -50,8 +54,14 @@ def evaluate(
     units = evaluation_units(settings, table)
     total = -(-(len(units[1]) - 1) // settings.eval_batch_size)
     ticker = ScoringProgress("eval", total) if progress else None
-    nats, counted = score_batches(model, evaluation_batches(settings, split, table, units), device, ticker)
-    total_nats, targets = float(nats), int(counted)
+    sums = score_batches(
+        model,
+        evaluation_batches(settings, split, table, units),
+        device,
+        ticker,
+        positions=evaluation_positions(settings, split, table, units),
+    )
+    total_nats, targets = float(sums.nats), int(sums.targets)
     size = document_bytes(split, token_bytes)
     loss = total_nats / targets if targets else math.nan
     return Evaluation(
@@ -62,6 +72,8 @@ def evaluate(
         documents=len(split),
         nats=total_nats,
         bytes=size,
+        loss_by_position=sums.loss_by_position(),
+        targets_by_position=sums.count_by_position(),
     )
 
 
@@ -91,7 +103,8 @@ def saved_config(checkpoint: dict, overrides: Sequence[str] = ()) -> Config:
 
 
 def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict:
-    """The `pretrain eval` result: loss, perplexity, bits_per_byte, targets, documents, step."""
+    """The `pretrain eval` result: loss, perplexity, bits_per_byte, targets, documents, nats, bytes,
+    loss_by_position, targets_by_position, step, policy."""
     from .checkpoint_files import load_trainer_checkpoint
 
     checkpoint = load_trainer_checkpoint(path)  # its record compared first, then weights_only

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from ..arrays import run_positions
 from .batch import PackedBatch
 from .chunking import ChunkTable
 from .policies import PolicySettings, split_chunks
@@ -63,12 +64,36 @@ def evaluation_batches(
     (default: all chunks of `split`), each chunk its own segment. `units`: `evaluation_units` of
     the same table, when the caller keeps them (training validates many times on the same pairs)."""
     table = split_chunks(split, settings.max_seq_len) if table is None else table
-    order, ptr = evaluation_units(settings, table) if units is None else units
     policy = settings.data_policy
+    for items, counts in _batch_chunks(settings, table, units):
+        yield policy.evaluation_batch(split, table.start[items], table.length[items], counts)
+
+
+def evaluation_positions(
+    settings: PolicySettings,
+    split: TokenSplit,
+    table: ChunkTable,
+    units: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Iterator[np.ndarray]:
+    """Beside `evaluation_batches` (same arguments), per batch: the position in its document of each
+    counted target's input token (0-based: a document's first pair is at 0), in the batch's row order
+    (its chunks in order, each chunk's pairs in order)."""
+    for items, _ in _batch_chunks(settings, table, units):
+        first = (
+            table.start[items] - split.offsets[table.doc[items]]
+        )  # the chunk's first input in its document
+        lengths = table.length[items].astype(np.int64)
+        yield np.repeat(first, lengths) + run_positions(lengths)
+
+
+def _batch_chunks(
+    settings: PolicySettings, table: ChunkTable, units: tuple[np.ndarray, np.ndarray] | None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(chunks in batch order, chunks per unit) of each evaluation batch."""
+    order, ptr = evaluation_units(settings, table) if units is None else units
     for first in range(0, len(ptr) - 1, settings.eval_batch_size):
         bounds = ptr[first : first + settings.eval_batch_size + 1]
-        items = order[bounds[0] : bounds[-1]]
-        yield policy.evaluation_batch(split, table.start[items], table.length[items], np.diff(bounds))
+        yield order[bounds[0] : bounds[-1]], np.diff(bounds)
 
 
 def document_bytes(split: TokenSplit, token_bytes: np.ndarray) -> int:

@@ -31,7 +31,13 @@ from torch.utils.data import DataLoader, IterableDataset
 from ..data.batch import PackedBatch
 from ..data.cache import Cache, CacheSpec
 from ..data.chunking import ChunkTable
-from ..data.evaluation import evaluation_batches, evaluation_chunks, evaluation_units, validation_pairs
+from ..data.evaluation import (
+    evaluation_batches,
+    evaluation_chunks,
+    evaluation_positions,
+    evaluation_units,
+    validation_pairs,
+)
 from ..data.policies import PolicySettings
 from ..data.prepare import prepare_cache
 from ..data.samplers import Sampler, build_sampler
@@ -137,6 +143,12 @@ class PretrainDataModule(L.LightningDataModule):
         assert self._validation_split is not None and self.validation_chunks is not None, "setup() first"
         split = self._validation_split
         return evaluation_batches(self.policy, split, self.validation_chunks, self._validation_units)
+
+    def validation_positions(self) -> Iterator[np.ndarray]:
+        """Beside `validation_batches`: each batch's counted targets' positions in their documents."""
+        assert self._validation_split is not None and self.validation_chunks is not None, "setup() first"
+        split = self._validation_split
+        return evaluation_positions(self.policy, split, self.validation_chunks, self._validation_units)
 
     @property
     def has_validation(self) -> bool:

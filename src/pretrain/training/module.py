@@ -17,10 +17,11 @@ import numpy as np
 import torch
 
 from ..config import TrainConfig
+from ..data.audit import batch_attention_cost
 from ..data.batch import PackedBatch
 from ..model import GPT, GPTConfig
 from ..model.flops import peak_flops, training_flops
-from .scoring import ScoringProgress, score_batches
+from .scoring import ScoreSums, ScoringProgress, score_batches
 from .update import run_update
 
 
@@ -35,6 +36,13 @@ def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
         return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
+
+
+def update_attention_cost(microbatches: list[PackedBatch]) -> float:
+    """`train/attention_cost` of one update: each microbatch's `batch_attention_cost` weighted by its
+    real tokens (= the update's summed squared segment lengths per real token)."""
+    real = sum(mb.real_tokens for mb in microbatches)
+    return sum(batch_attention_cost(mb) * mb.real_tokens for mb in microbatches) / real if real else 0.0
 
 
 def real_segment_lengths(batch: PackedBatch) -> np.ndarray:
@@ -153,17 +161,19 @@ class PretrainModule(L.LightningModule):
             "train/num_targets": float(result.num_targets),
             "train/step_seconds": step_seconds,
             "train/data_seconds": max(data_seconds, 0.0),
+            "train/attention_cost": update_attention_cost(update.microbatches),  # this rank's
             "lr": lr,
         }
+        if self._token_budget_reached():
+            # train.max_tokens: this update is the last (all ranks agree: tokens_seen is global).
+            self.trainer.should_stop = True
         if self._peak_flops:
             # This rank's model FLOPs (real segment lengths) over this device's peak.
             lengths = [real_segment_lengths(mb) for mb in update.microbatches]
             flops = sum(training_flops(self.gpt_config, segments) for segments in lengths)
             metrics["train/mfu"] = flops / max(now - started, 1e-9) / self._peak_flops
         if self._should_validate():
-            loss = self.validation_loss()
-            if loss is not None:  # no validation pairs: no val/loss at all, never nan
-                metrics["val/loss"] = loss
+            metrics.update(self.validation_metrics())  # none without validation pairs, never nan
             self._last_step_end = time.perf_counter()  # validation time is not training throughput
         self._log_metrics(metrics)
         self.last_metrics.update(metrics)
@@ -192,20 +202,47 @@ class PretrainModule(L.LightningModule):
     # restarts on resume: a resumed run validates at exactly the steps an uninterrupted one does.
     def _should_validate(self) -> bool:
         step, every = self.trainer.global_step, self.settings.val_every_n_steps
-        return step % every == 0 or step >= self.settings.max_steps
+        return step % every == 0 or step >= self.settings.max_steps or self._token_budget_reached()
+
+    def _token_budget_reached(self) -> bool:
+        budget = self.settings.max_tokens
+        return budget is not None and self.tokens_seen >= budget
 
     @torch.no_grad()
-    def validation_loss(self) -> float | None:
-        """Mean loss over the validation pairs of all ranks (the same pairs for every policy)."""
+    def validation_sums(self) -> ScoreSums | None:
+        """The validation sums of all ranks (the same pairs for every policy), split by the pairs'
+        positions in their documents; None without validation pairs."""
         datamodule = getattr(self.trainer, "datamodule", None)  # set by fit(); not in Trainer's stubs
         assert datamodule is not None, "validation needs the PretrainDataModule"
         if not datamodule.has_validation:
             return None
         progress = ScoringProgress("validation") if self.trainer.is_global_zero else None
-        nats, targets = score_batches(self.model, datamodule.validation_batches(), self.device, progress)
-        sums = torch.stack([nats, targets])
-        sums = self._all_reduce_sum(sums)
-        return float(sums[0] / sums[1]) if sums[1] > 0 else None
+        sums = score_batches(
+            self.model,
+            datamodule.validation_batches(),
+            self.device,
+            progress,
+            positions=datamodule.validation_positions(),
+        )
+        return ScoreSums.from_stacked(self._all_reduce_sum(sums.stacked()))
+
+    def validation_loss(self) -> float | None:
+        """Mean loss over the validation pairs of all ranks (None without one)."""
+        sums = self.validation_sums()
+        return sums.loss if sums is not None else None
+
+    def validation_metrics(self) -> dict[str, float]:
+        """`val/loss` and, per position bucket holding a target, `val/loss_by_position/<bucket>` and
+        `val/targets_by_position/<bucket>` (their count-weighted mean is val/loss)."""
+        sums = self.validation_sums()
+        if sums is None or sums.loss is None:
+            return {}
+        metrics = {"val/loss": sums.loss}
+        counts = sums.count_by_position()
+        for bucket, loss in sums.loss_by_position().items():
+            metrics[f"val/loss_by_position/{bucket}"] = loss
+            metrics[f"val/targets_by_position/{bucket}"] = float(counts[bucket])
+        return metrics
 
     # --- counters that a resume must continue -----------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

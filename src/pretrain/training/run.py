@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from ..config import Config, to_config
+from ..data.audit import composition_audit
 from ..data.cache import CacheSpec
 from ..data.policies import PolicySettings
 from ..errors import CheckpointError, ConfigError, PretrainError, WriteError
@@ -392,7 +393,14 @@ def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None
         "seconds": round(time.perf_counter() - started, 2),
         "metrics": dict(module.last_metrics),
         "is_global_zero": trainer.is_global_zero,
+        "max_tokens": config.train.max_tokens,
     }
+    if trainer.is_global_zero and cache is not None and datamodule.train_sampler is not None:
+        # What the policy did to the corpus (data/audit.py), for `pretrain compare`'s table: the
+        # sampler's epoch-0 plan is reused (rank zero's layout, as inspect-data reports it).
+        summary["composition"] = composition_audit(
+            run.policy, cache.split("train"), sampler=datamodule.train_sampler
+        )
     plot = None
     if trainer.is_global_zero:
         _write_outputs(output_dir, summary, config)
