@@ -209,6 +209,14 @@ def test_eval_is_the_same_for_every_policy_and_counts_every_pair(trained):
         assert result["loss"] == pytest.approx(padded["loss"], abs=1e-5)
         assert result["perplexity"] == pytest.approx(math.exp(result["loss"]))
         assert result["bits_per_byte"] == pytest.approx(result["nats"] / math.log(2) / result["bytes"])
+        # Split by the pair's position in its document: the same pairs whatever the policy.
+        assert result["targets_by_position"] == padded["targets_by_position"]
+        assert sum(result["targets_by_position"].values()) == result["targets"]
+        weighted = sum(
+            loss * result["targets_by_position"][bucket]
+            for bucket, loss in result["loss_by_position"].items()
+        )
+        assert weighted / result["targets"] == pytest.approx(result["loss"], rel=1e-6)
     assert config.data.max_seq_len == 128
 
 
@@ -245,7 +253,9 @@ def test_cli_export_and_eval(trained, tmp_path, cache_root):
     proc = pretrain_cli(cache_root, "eval", str(trained), "data=padded", f"output={out}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert {"loss", "perplexity", "bits_per_byte", "targets", "documents", "step"} <= set(result)
+    keys = {"loss", "perplexity", "bits_per_byte", "targets", "documents", "step", "nats", "bytes", "policy"}
+    assert keys | {"loss_by_position", "targets_by_position"} <= set(result)
+    assert set(result["targets_by_position"]) == {"0-63", "64-255", "256-1023", "1024-4095", "4096+"}
     assert proc.stdout.strip().splitlines()[-1] == str(out.resolve())
     proc = pretrain_cli(cache_root, "export", str(trained), "--output", str(tmp_path / "hf"))
     assert proc.returncode == 0, proc.stderr[-2000:]
