@@ -158,6 +158,16 @@ def test_config_holds_the_inspect_data_statistics_of_the_run(sweep, monkeypatch)
     assert concat.config_value("data/cross_document_visible_fraction") > 0.0
     assert bestfit.config_value("data/padding_waste") == 0.0
     assert bestfit.config_value("data/policy") == "bestfit"
+    # The composition audit is in the config; the per-step attention cost in the history.
+    from pretrain.data.audit import AUDIT_KEYS
+
+    for key in AUDIT_KEYS:
+        assert bestfit.config_value(f"data/{key}") is not None, key
+    assert bestfit.config_value("data/fragmented_documents") > 0.0  # smoke's long documents are chunked
+    # The mask off: one segment per pack, so attention costs more per token than chunk by chunk.
+    assert concat.config_value("data/attention_cost") > bestfit.config_value("data/attention_cost")
+    costs = [row["train/attention_cost"] for row in concat.history if "train/attention_cost" in row]
+    assert len(costs) == 4 and min(costs) > 0
 
 
 def test_summary_row_and_comparison_plot_at_the_end(sweep):
