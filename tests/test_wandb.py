@@ -183,6 +183,10 @@ def test_summary_row_and_comparison_plot_at_the_end(sweep):
         numbers = load_run(sweep / "sweep" / directory)  # the row of `pretrain compare`'s table
         assert summary["summary/padding_waste"] == pytest.approx(numbers.mean("train/padding_waste"))
         assert 0.0 < summary["summary/pack_utilization"] <= 1.0
+        assert summary["summary/attention_cost"] == pytest.approx(numbers.mean("train/attention_cost"))
+        composition = result["composition"]
+        assert summary["summary/fragmented_documents"] == composition["fragmented_documents"]
+        assert summary["summary/cross_document_visible"] == composition["cross_document_visible_fraction"]
         image = summary[PLOT_KEY]
         assert image["_type"] == "image-file" and image["format"] == "png"
         png = run.path.parent / "files" / image["path"]
@@ -208,6 +212,12 @@ def test_compare_logs_the_table_and_plot_into_one_run_of_the_group(sweep):
         assert cells["train loss"] == pytest.approx(source.last("train/loss"))
         assert cells["padding waste"] == pytest.approx(source.mean("train/padding_waste"))
         assert (cells["max_seq_len"], cells["batch"]) == (128, 4)
+        # The composition arms told apart: run.json's audit and the mean per-step attention cost.
+        audit = json.loads((sweep / "sweep" / directory / "run.json").read_text())["composition"]
+        assert cells["fragmented docs"] == audit["fragmented_documents"]
+        assert cells["x-doc visible"] == audit["cross_document_visible_fraction"]
+        assert cells["attn cost"] == pytest.approx(source.mean("train/attention_cost"))
+    assert by_policy["prepacked"]["x-doc visible"] > 0.0 == by_policy["bestfit"]["x-doc visible"]
     assert row[PLOT_KEY]["_type"] == "image-file"
     assert (sweep / "cmp" / "cmp.md").read_text().count("\n") == 4  # the markdown table too
 

@@ -210,8 +210,9 @@ def layout_statistics(run: Run, arms: list[tuple[str, dict[str, object]]] | None
 
 COLUMNS: tuple[str, ...] = ("run", "policy", "max_seq_len", "batch", "real tokens", "train loss")
 COLUMNS += ("val loss", "tokens/s", "padding waste", "pack util", "truncated pairs", "train seconds")
+COLUMNS += ("fragmented docs", "x-doc visible", "attn cost")
 _FORMATS: tuple[str, ...] = ("{}", "{}", "{}", "{}", "{:,.0f}", "{:.4f}", "{:.4f}", "{:,.0f}")
-_FORMATS += ("{:.1%}", "{:.1%}", "{:.1%}", "{:,.1f}")
+_FORMATS += ("{:.1%}", "{:.1%}", "{:.1%}", "{:,.1f}", "{:.1%}", "{:.1%}", "{:,.1f}")
 
 
 def table_rows(runs: list[Run]) -> list[list]:

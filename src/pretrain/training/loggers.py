@@ -252,8 +252,9 @@ class DataStatistics(Callback):
 
 
 def summary_row(summary: dict) -> dict[str, float | int | str]:
-    """The run's row of `pretrain compare`'s table (median tokens/s, mean padding waste and pack
-    utilization, read back from metrics.csv), plus steps and seconds, keyed `summary/...`."""
+    """The run's row of `pretrain compare`'s table (median tokens/s, mean padding waste, pack
+    utilization and attention cost, read back from metrics.csv; the composition audit's fragmented
+    documents and cross-document visible tokens), plus steps and seconds, keyed `summary/...`."""
     metrics = summary.get("metrics", {})
     row: dict[str, Any] = {
         "policy": summary.get("policy"),
@@ -267,12 +268,16 @@ def summary_row(summary: dict) -> dict[str, float | int | str]:
         "tokens_per_sec": metrics.get("train/tokens_per_sec"),
         "padding_waste": metrics.get("train/padding_waste"),
         "pack_utilization": metrics.get("train/pack_utilization"),
+        "attention_cost": metrics.get("train/attention_cost"),
+        "fragmented_documents": (summary.get("composition") or {}).get("fragmented_documents"),
+        "cross_document_visible": (summary.get("composition") or {}).get("cross_document_visible_fraction"),
     }
     output_dir = summary.get("output_dir")
     if output_dir and (Path(output_dir) / "metrics.csv").is_file():
         # The run's aggregates as the comparison table has them; the final values stay exact.
         numbers = run_numbers(load_run(Path(output_dir)))
-        row.update({key: numbers[key] for key in ("tokens_per_sec", "padding_waste", "pack_utilization")})
+        means = ("tokens_per_sec", "padding_waste", "pack_utilization", "attention_cost")
+        row.update({key: numbers[key] for key in means})
     return {
         SUMMARY_PREFIX + key: value
         for key, value in row.items()

@@ -8,6 +8,7 @@ step wins (also across files: `metrics.<n>.csv` beside it, n ascending, then `me
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -65,6 +66,7 @@ class Run:
         default_factory=dict
     )  # metric -> [(seconds, value)]
     layouts: dict[str, dict] = field(default_factory=dict)  # arm -> waste and truncation on the run's data
+    composition: dict = field(default_factory=dict)  # run.json's composition audit (data/audit.py)
 
     @property
     def arm(self) -> str:
@@ -120,6 +122,14 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     return join_steps(rows)
 
 
+def _load_composition(run_dir: Path) -> dict:
+    """run.json's `composition` audit (data/audit.py); {} for a run without one (unfinished, older)."""
+    try:
+        return dict(json.loads((run_dir / "run.json").read_text()).get("composition") or {})
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
 def load_run(run_dir: Path) -> Run:
     config = _load_config(run_dir)
     series: dict[str, list[tuple[float, float]]] = {}
@@ -147,13 +157,16 @@ def load_run(run_dir: Path) -> Run:
         series=series,
         config=config,
         by_time=by_time,
+        composition=_load_composition(run_dir),
     )
 
 
 def run_numbers(run: Run) -> dict[str, float]:
     """A run's numbers in the table: last real tokens and losses, median tokens/s, mean padding waste
-    and pack utilization, its layout's truncated pairs (a fraction of all pairs) and its training
-    seconds (nan where the run has no value)."""
+    and pack utilization, its layout's truncated pairs (a fraction of all pairs), its training
+    seconds, the composition audit's fragmented documents and cross-document visible tokens, and
+    the mean per-step `train/attention_cost` (nan where the run has no value)."""
+    audit = run.composition
     speeds = run.values("train/tokens_per_sec")
     clock = run.by_time.get(LOSS, [])
     return {
@@ -165,4 +178,7 @@ def run_numbers(run: Run) -> dict[str, float]:
         "pack_utilization": run.mean("train/pack_utilization"),
         "truncated_pairs": run.truncated_fraction(),
         "train_seconds": clock[-1][0] if clock else math.nan,
+        "fragmented_documents": float(audit.get("fragmented_documents", math.nan)),
+        "cross_document_visible": float(audit.get("cross_document_visible_fraction", math.nan)),
+        "attention_cost": run.mean("train/attention_cost"),
     }
