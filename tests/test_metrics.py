@@ -10,7 +10,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_RUN, module_cache_root, settings_of, split_of
+from helpers import TINY_RUN, module_cache_root, settings_of, split_of
 
 from pretrain.config import load_config
 from pretrain.data import gather_packed
