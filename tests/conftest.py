@@ -86,8 +86,27 @@ def _source(function) -> str:
         return ""
 
 
+_CALLED = re.compile(r"\b([A-Za-z_]\w*)\(")
+
+
+def _calls_e2e(function, module, depth: int = 2) -> bool:
+    """Whether `function` makes an end-to-end call, itself or through the test module's own helpers
+    (`depth` levels down: `_run(...)` that calls `train(...)` counts)."""
+    source = _source(function)
+    if _E2E_CALLS.search(source):
+        return True
+    if depth == 0:
+        return False
+    for name in set(_CALLED.findall(source)):
+        helper = getattr(module, name, None)
+        if inspect.isfunction(helper) and helper.__module__ == module.__name__ and helper is not function:
+            if _calls_e2e(helper, module, depth - 1):
+                return True
+    return False
+
+
 def _is_e2e(item) -> bool:
-    if _E2E_CALLS.search(_source(getattr(item, "function", None))):
+    if _calls_e2e(getattr(item, "function", None), item.module):
         return True
     fixtures = getattr(item, "_fixtureinfo", None)
     for name, definitions in fixtures.name2fixturedefs.items() if fixtures else ():

@@ -351,6 +351,7 @@ def figure(runs: list[Run]):
         + "; lines: train loss, dots: validation loss",
         fontsize=11,
     )
+    loss_axes = []
     for column, (xlabel, attribute) in enumerate(((TOKENS_AXIS, "series"), (TIME_AXIS, "by_time"))):
         ax = fig.add_subplot(grid[0, 3 * column : 3 * column + 3])
         for run, color, style in zip(runs, colors, styles, strict=True):
@@ -366,8 +367,13 @@ def figure(runs: list[Run]):
         ax.set(xlabel=xlabel, ylabel="loss (nats per target)", title=f"loss against {short}")
         if not ax.lines:
             ax.text(0.5, 0.5, f"no {short} logged", ha="center", transform=ax.transAxes)
-        if column == 1:
-            ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), title="run")
+        loss_axes.append(ax)
+    # The runs' legend beside the right-hand loss panel, or the left one when no wall time was logged.
+    labelled = [ax for ax in loss_axes if ax.get_legend_handles_labels()[0]]
+    if labelled and labelled[-1] is loss_axes[-1]:
+        labelled[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), title="run")
+    elif labelled:  # inside the left panel: outside it would cover the right one
+        labelled[-1].legend(fontsize=8, loc="upper right", title="run")
     rows = bars(runs, colors)
     y = np.arange(len(rows))
     layouts = f"\n(at max_seq_len {runs[0].max_seq_len}; hatched: layout only)" if len(runs) == 1 else ""
