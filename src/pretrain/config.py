@@ -34,6 +34,8 @@ from .data.policies import DataConfig as DataConfig
 from .data.policies import PadTo as PadTo
 from .data.policies import Policy as Policy
 from .data.policies import Strategy as Strategy
+from .data.prepare_settings import Encoder as Encoder
+from .data.writer import TokenDtype as TokenDtype
 from .errors import ConfigError
 from .gpt2 import GPT2_VOCAB_SIZE
 
@@ -60,21 +62,9 @@ class AttnBackend(StrEnum):
     varlen = "varlen"
 
 
-class TokenDtype(StrEnum):
-    auto = "auto"
-    uint16 = "uint16"
-    uint32 = "uint32"
-
-
 class VerifyMode(StrEnum):
     quick = "quick"
     full = "full"
-
-
-class Encoder(StrEnum):
-    auto = "auto"
-    tiktoken = "tiktoken"
-    tokenizers = "tokenizers"
 
 
 class LoggerKind(StrEnum):

@@ -7,11 +7,19 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from ..errors import ConfigError
 from .sources.base import PartSizes, Source
-from .tokenizer import ENCODERS
+
+
+class Encoder(StrEnum):
+    """`prepare.encoder`: which encoder tokenizes a build (never part of the identity: the ids are equal)."""
+
+    auto = "auto"
+    tiktoken = "tiktoken"
+    tokenizers = "tokenizers"
 
 
 @dataclass(frozen=True)
@@ -25,8 +33,8 @@ class PrepareSettings:
     def __post_init__(self) -> None:
         if self.num_proc is not None and self.num_proc < 1:
             raise ConfigError(f"prepare.num_proc={self.num_proc} must be >= 1 (or null for the usable cores)")
-        if self.encoder not in ENCODERS:
-            raise ConfigError(f"prepare.encoder={self.encoder!r} is not one of {', '.join(ENCODERS)}")
+        if self.encoder not in list(Encoder):
+            raise ConfigError(f"prepare.encoder={self.encoder!r} is not one of {', '.join(Encoder)}")
         if self.tasks < 1:
             raise ConfigError(f"prepare.tasks={self.tasks} must be >= 1")
         if self.task is not None and not 0 <= self.task < self.tasks:

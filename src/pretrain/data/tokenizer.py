@@ -174,7 +174,6 @@ def token_byte_lengths(files: TokenizerFiles, vocab_size: int) -> np.ndarray:
 # GPT-2's pre-tokenizer pattern as tiktoken writes it (tiktoken_ext.openai_public.r50k_pat_str): the
 # same splits as `tokenizers`' ByteLevel pattern ('s|'t|...| ?\p{L}+|...|\s+(?!\S)|\s+), possessive.
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-ENCODERS = ("auto", "tiktoken", "tokenizers")
 
 
 def _gpt2_mergeable_ranks(files: TokenizerFiles) -> dict[bytes, int]:
@@ -286,8 +285,10 @@ def build_encoder(files: TokenizerFiles, choice: str = "auto") -> tuple[Encoder,
     `auto` = tiktoken when it is importable and the files are byte-level GPT-2 BPE (tiktoken gives the
     same ids there), else `tokenizers`. The choice never changes the cache: the ids are the same.
     """
-    if choice not in ENCODERS:
-        raise TokenizerError(f"prepare.encoder={choice!r} is not one of {', '.join(ENCODERS)}")
+    from .prepare_settings import Encoder  # the choice's one definition
+
+    if choice not in list(Encoder):
+        raise TokenizerError(f"prepare.encoder={choice!r} is not one of {', '.join(Encoder)}")
     if choice == "tokenizers":
         return TokenizersEncoder(files), None
     try:

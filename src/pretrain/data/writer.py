@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,16 @@ import numpy as np
 from ..errors import CacheError
 from .files import sha256_file
 
-TOKEN_DTYPES = ("uint16", "uint32")
+
+class TokenDtype(StrEnum):
+    """`cache.token_dtype`: `auto` picks uint16 when every id fits, else uint32 (part of the identity)."""
+
+    auto = "auto"
+    uint16 = "uint16"
+    uint32 = "uint32"
+
+
+TOKEN_DTYPES = tuple(str(d) for d in TokenDtype if d is not TokenDtype.auto)  # what a cache stores
 
 
 def split_files(split: str) -> dict[str, str]:
