@@ -7,7 +7,8 @@ from pretrain.training.preemption import Interrupted, install_early
 
 def check_overrides(argv: list[str]) -> None:
     """Compose and type-check the overrides before Hydra starts: a bad override, an unknown key or
-    option, or a value out of range is one `error:` line with exit 2, and no run directory is made.
+    option, a value out of range, or a device or attention backend this machine lacks is one `error:`
+    line with exit 2, and no run directory is made.
     (Hydra's own flags and sweeps, `-m a=1,2`, are left to Hydra.)"""
     if any(arg.startswith("-") for arg in argv):
         return
@@ -15,8 +16,17 @@ def check_overrides(argv: list[str]) -> None:
     from pretrain.errors import exit_on_user_error
 
     with exit_on_user_error():
-        to_config(load_config(argv))
+        config = to_config(load_config(argv))
         check_run_dir(argv)
+        check_device(config)
+
+
+def check_device(config) -> None:
+    """The device and attention backend the run asks for exist here (trainer=gpu without CUDA, flex
+    training on CPU, varlen without CUDA bf16): refused before Lightning is imported or a directory made."""
+    from pretrain.training.checks import attention_backend
+
+    attention_backend(config.attn, config.trainer)
 
 
 def check_run_dir(argv: list[str]) -> None:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import cli
@@ -84,7 +85,12 @@ def test_train_py_composition_errors_are_one_line_exit_2_and_make_no_directory(t
         "nosuchkey=1": "error: Could not override 'nosuchkey'",
         "data=foo": f"error: data=foo: no such option; choose one of {DATA_OPTIONS}",
         "train.min_lr_ratio=-1": "error: train.min_lr_ratio=-1.0 must be in [0.0, 1.0]",
+        "attn=flex": "error: attn=flex cannot train on CPU",  # the backend check comes before Lightning too
     }
+    if not torch.cuda.is_available():  # and the device check
+        cases["trainer=gpu"] = (
+            "error: trainer.accelerator=gpu but this machine has no CUDA device; use trainer=cpu"
+        )
     for override, says in cases.items():
         run = tmp_path / override.replace("=", "-")
         proc = _train_py(override, f"hydra.run.dir={run}")
