@@ -186,7 +186,7 @@ def test_fineweb_offline_fails_fast_and_names_the_alternatives(cache_root):
 
 
 BAD = {
-    "unknown source": (["source=nonexistent"], "source/nonexistent"),
+    "unknown source": (["source=nonexistent"], "source=nonexistent: no such option; choose one of"),
     "unknown key": (["notakey=1"], "notakey"),
     "unparsable override": (["source=["], "source=["),
     "budget not a number": (["budget.train_tokens=abc"], "budget.train_tokens"),
