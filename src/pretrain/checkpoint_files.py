@@ -28,7 +28,7 @@ from typing import IO, Any
 import torch
 
 from .errors import CheckpointError
-from .fileio import atomic_write, remove_stale_temporaries, sha256_file, write_text_atomic
+from .fileio import atomic_write, process_alive, remove_stale_temporaries, sha256_file, write_text_atomic
 
 RECORD_SUFFIX = ".sha256"
 AUTO = "auto"
@@ -134,24 +134,10 @@ def remove_killed_writes(folder: Path) -> list[Path]:
     removed = remove_stale_temporaries(folder)
     for entry in folder.glob(".*.tmp-*") if folder.is_dir() else ():
         match = _LEGACY_TEMP.match(entry.name)
-        if match and not _alive(int(match["pid"])) and entry.is_file():
+        if match and not process_alive(int(match["pid"])) and entry.is_file():
             entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    import os
-
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def save_verified(checkpoint: dict[str, Any], path: Path) -> str:

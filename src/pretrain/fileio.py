@@ -83,7 +83,10 @@ def sha256_file(path: Path | str, block_size: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists (ours counts): a temporary or lock naming a gone one is stale."""
+    if pid == os.getpid():
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -103,7 +106,7 @@ def remove_stale_temporaries(directory: Path | str) -> list[Path]:
         return removed
     for entry in entries:
         match = _TEMP_NAME.match(entry.name)
-        if match and int(match["pid"]) != os.getpid() and not _alive(int(match["pid"])):
+        if match and int(match["pid"]) != os.getpid() and not process_alive(int(match["pid"])):
             try:
                 entry.unlink()
             except OSError:

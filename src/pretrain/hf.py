@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from .errors import CheckpointError, ConfigError, WriteError
+from .fileio import process_alive
 from .model import GPTConfig
 from .model.gpt import GPT
 
@@ -206,18 +207,8 @@ def remove_stale_dirs(folder: Path) -> None:
     """Delete the staging directories of exports killed mid-write (their process is gone)."""
     for entry in folder.glob(".*.export"):
         pid = entry.name.rsplit(".", 2)[-2]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # --- import (model.init_from) -------------------------------------------------------------------
