@@ -156,7 +156,7 @@ def test_the_default_arms_keep_their_resume_keys():
         policy: set(build_sampler(policy_cfg(policy), numbered_split([5] * 8)).state_dict()["settings"])
         for policy in ("padded", "bestfit", "firstfit")
     }
-    common = {"data.policy", "split", "data.max_seq_len", "train.batch_size", "seed", "split_fingerprint"}
+    common = {"data.policy", "split", "data.max_seq_len", "seed", "split_fingerprint"}
     assert keys == {
         "padded": common | {"data.pad_to"},
         "bestfit": common | {"data.packing_buffer"},

@@ -33,14 +33,17 @@ def _sampler(name: str, tmp_path):
 def test_a_state_saved_before_the_plugins_resumes_at_the_next_batch(tmp_path, cache_root, name):
     golden = json.loads(GOLDEN.read_text())[name]
     old_state = golden["sampler_state_step2"]
-    assert old_state["version"] == STATE_VERSION  # no bump: renamed keys are mapped, not versioned
+    assert old_state["version"] == 2 < STATE_VERSION  # a rank cursor: read as cursor x world x batch_size
     sampler, settings = _sampler(name, tmp_path)
     sampler.load_state_dict(copy.deepcopy(old_state))
     batches = iter(sampler)
     served = [np.asarray(next(batches).meta["chunks"]).tolist() for _ in range(settings.accumulation)]
     assert served == golden["chunks"][2]  # step 3's microbatches, chunk for chunk
     saved_keys = {sampler.policy.renamed_settings.get(k, k) for k in old_state["settings"]}
-    assert set(sampler.state_dict()["settings"]) == saved_keys  # the same settings, today's names
+    # The same settings, today's names, less the sizes a global position no longer depends on.
+    assert set(sampler.state_dict()["settings"]) == saved_keys - {"train.batch_size"}
+    step = settings.batch_size * settings.accumulation  # units of one update on one rank
+    assert sampler.state_dict()["units"] == old_state["cursor"] * settings.batch_size + step
 
 
 def test_an_old_state_with_another_buffer_is_refused_naming_the_new_key(tmp_path, cache_root):

@@ -227,18 +227,35 @@ def test_a_resumed_stream_continues_with_exactly_the_next_update(curriculum):
 @pytest.mark.parametrize(
     ("saved", "resumed", "message"),
     [
-        ((2, ()), (1, ()), r"world_size: 2 -> 1"),
-        ((1, ()), (1, ("train.accumulation=2",)), r"train\.accumulation: 1 -> 2"),
+        ((2, ()), (3, ()), r"updates of 2 units, and this run's \(3: .* world size 3\) does not divide it"),
+        (
+            (1, ()),
+            (1, ("train.accumulation=2",)),
+            r"updates of 1 units, and this run's \(2: .*accumulation=2",
+        ),
         ((1, ()), (1, ("data.curriculum=uniform",)), r"data\.curriculum: 'natural' -> 'uniform'"),
     ],
 )
 def test_a_state_of_other_updates_is_refused(saved, resumed, message):
-    """Another world size or accumulation regroups every update: a vsl state cannot be mapped."""
+    """Mid-epoch, an update size that does not divide the planned one would mix buckets in an update."""
     split = numbered_split(np.random.default_rng(3).integers(2, 60, size=80).tolist())
     base = ("data.max_seq_len=8", "train.batch_size=1")
-    state = build_sampler(vsl(*base, *saved[1]), split, world_size=saved[0]).state_dict()
+    sampler = build_sampler(vsl(*base, *saved[1]), split, world_size=saved[0])
+    next(iter(sampler))
+    state = sampler.state_dict()
     with pytest.raises(ConfigError, match=message):
         build_sampler(vsl(*base, *resumed[1]), split, world_size=resumed[0]).load_state_dict(state)
+
+
+def test_any_update_size_resumes_at_an_epoch_start():
+    """Nothing of the epoch is consumed yet: it is planned for the new update size."""
+    split = numbered_split(np.random.default_rng(3).integers(2, 60, size=80).tolist())
+    base = ("data.max_seq_len=8", "train.batch_size=1")
+    state = build_sampler(vsl(*base), split, world_size=2).state_dict()
+    resumed = build_sampler(vsl(*base), split, world_size=3)
+    resumed.load_state_dict(state)
+    fresh = build_sampler(vsl(*base), split, world_size=3)
+    assert [b.meta["chunks"].tolist() for b in resumed] == [b.meta["chunks"].tolist() for b in fresh]
 
 
 # --- the composition audit and inspect-data ---------------------------------------------------------

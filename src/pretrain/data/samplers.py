@@ -8,8 +8,20 @@ batches rank, rank + world_size, ...; the last `global_batches % world_size` bat
 every rank has the same count (`epoch_accounting` says exactly what was dropped). The policy's
 `unit_order` may group the order into whole optimizer updates (`update_units` consecutive units,
 vsl: each of one bucket) and leave out units that make none; its plan then serves a whole number
-of updates per rank. Since the epoch's order is regenerated, the state is two integers (epoch,
-cursor) plus settings to check on resume.
+of updates per rank.
+
+Resume is elastic: the state is a global position, (epoch, units of the epoch's order consumed), plus
+the settings the order depends on (seed, policy, its layout options, max_seq_len, the split). The
+world size and train.batch_size are not among them: a sampler resumed at position p cuts the rest of
+the epoch into global batches [p + g x batch_size, p + (g + 1) x batch_size) and rank r takes g = r,
+r + world_size, ... (held as p = offset + cursor x world_size x batch_size with offset < world_size x
+batch_size, so a resume with unchanged sizes is the uninterrupted run batch for batch). The epoch-end
+tail rule applies to the rest: the batches that do not fill a whole round of world_size are dropped.
+vsl's order itself depends on the update size: a resumed epoch keeps the update size it was planned
+with, which the new one must divide (every new update then lies inside one planned update, so in one
+bucket); the next epoch is planned with the new size. A state of version 2 (a rank cursor) is at
+position cursor x its world_size x its train.batch_size, its epoch's update size batch_size x
+accumulation x world_size: exact, as nothing else was saved.
 
 Validation is not a sampler's job: its pairs are the same for every policy (evaluation.py).
 """
@@ -27,7 +39,10 @@ from .batch import PackedBatch
 from .policies import EpochPlan, Layout, PolicySettings, split_chunks, split_fingerprint
 from .tokens import TokenSplit
 
-STATE_VERSION = 2  # 2: settings named by their config keys (renamed keys are mapped by the policy)
+# 3: a global position (epoch, units); 2: a rank cursor and the world size (read: see the module doc)
+STATE_VERSION = 3
+# Settings a version-2 state checked that a global position no longer depends on.
+SIZES_OF_VERSION_2 = ("train.batch_size", "train.accumulation", "world_size")
 
 __all__ = ["STATE_VERSION", "EpochPlan", "Sampler", "build_sampler"]
 
@@ -59,7 +74,9 @@ class Sampler:
         self.batch_size = settings.batch_size  # units per batch
         self.table = split_chunks(split, settings.max_seq_len)
         self.epoch = 0
-        self.cursor = 0
+        self.cursor = 0  # this rank's batches of the epoch served (counted from `offset`)
+        self.offset = 0  # global units of the epoch before batch 0 (below world_size x batch_size)
+        self._planned_update_units: tuple[int, int] | None = None  # (epoch, size) a resumed vsl epoch keeps
         self._generation = 0  # bumped by load_state_dict: a live iterator from before stops
         self._plans: dict[int, EpochPlan] = {}
         self._fixed_layout: Layout | None = None  # a policy whose layout is the same every epoch
@@ -85,23 +102,16 @@ class Sampler:
         return self.policy.resume_key()
 
     def _settings_key(self) -> dict:
-        """Settings a saved state depends on, by config key; a resume with other values is refused."""
+        """Settings an epoch's order depends on, by config key; a resume with other values is refused.
+        Sizes (world size, train.batch_size, train.accumulation) only cut the order into batches."""
         return {
             "data.policy": str(self.policy.name),
             "split": self.split.name,
             "data.max_seq_len": self.max_seq_len,
-            "train.batch_size": self.batch_size,
             "seed": self.settings.seed,
             **self.policy_settings(),
-            **self._update_key(),
             "split_fingerprint": self._split_fingerprint,
         }
-
-    def _update_key(self) -> dict:
-        """What a plan of whole updates (vsl) also depends on: another value regroups every update."""
-        if not self.policy.whole_updates:
-            return {}
-        return {"train.accumulation": self.settings.accumulation, "world_size": self.world_size}
 
     # --- the epoch plan --------------------------------------------------------------------------
 
@@ -122,28 +132,50 @@ class Sampler:
         update u is global batches (u x accumulation + j) x world_size + r, j < accumulation."""
         return self.batch_size * self.settings.accumulation * self.world_size
 
+    def planned_update_units(self, epoch: int) -> int:
+        """The update size `epoch`'s order is grouped by: today's, or the saved one of a resumed epoch."""
+        kept = self._planned_update_units
+        return kept[1] if kept is not None and kept[0] == epoch else self.update_units
+
+    @property
+    def round_units(self) -> int:
+        """Units of one batch on every rank: the step between a rank's consecutive batches."""
+        return self.batch_size * self.world_size
+
     def plan(self, epoch: int) -> EpochPlan:
-        """The units of `epoch` in order and how they are batched."""
-        plan = self._plans.get(epoch)
+        """The units of `epoch` in order and how they are batched (from the epoch's start)."""
+        update_units = self.planned_update_units(epoch)
+        plan = self._plans.get((epoch, update_units))
         if plan is None:
             layout = self._layout(epoch)
-            order = self.policy.unit_order(layout, self._rng(epoch), self.update_units)
+            order = self.policy.unit_order(layout, self._rng(epoch), update_units)
             units = len(layout) if order is None else len(order)
             global_batches = math.ceil(units / self.batch_size)
             batches = global_batches // self.world_size
             plan = EpochPlan(layout, order, self.batch_size, global_batches, batches)
             if len(self._plans) >= 2:
                 self._plans.pop(next(iter(self._plans)))
-            self._plans[epoch] = plan
+            self._plans[(epoch, update_units)] = plan
         return plan
+
+    def _offset(self, epoch: int) -> int:
+        return self.offset if epoch == self.epoch else 0
+
+    def batches(self, epoch: int) -> int:
+        """This rank's batches of `epoch`, counted from its offset (a resumed epoch's may differ)."""
+        plan, offset = self.plan(epoch), self._offset(epoch)
+        if offset == 0:
+            return plan.batches
+        return math.ceil(max(0, plan.ordered_units - offset) / self.batch_size) // self.world_size
 
     def batch(self, epoch: int, index: int) -> PackedBatch:
         """This rank's batch `index` of `epoch` (pure: the state is not touched)."""
-        plan = self.plan(epoch)
-        if not 0 <= index < plan.batches:
-            raise IndexError(f"batch {index} of an epoch of {plan.batches}")
+        plan, batches, offset = self.plan(epoch), self.batches(epoch), self._offset(epoch)
+        if not 0 <= index < batches:
+            raise IndexError(f"batch {index} of an epoch of {batches}")
         global_index = index * self.world_size + self.rank
-        units = plan.units_of(global_index)
+        first = offset + global_index * self.batch_size
+        units = plan.ordered(first, first + self.batch_size)
         items, counts = plan.layout.items_of(units)
         out = self.policy.gather(self.split, plan.layout, items, counts)
         out.meta.update(
@@ -158,16 +190,17 @@ class Sampler:
         return out
 
     def epoch_accounting(self, epoch: int | None = None) -> dict:
-        """Units and items of `epoch` that no rank receives: the tail dropped to keep ranks equal."""
+        """Units and items of `epoch` that no rank receives: the tail dropped to keep ranks equal (of a
+        resumed epoch: the tail of its rest, as this world size and batch size cut it)."""
         epoch = self.epoch if epoch is None else epoch
-        plan = self.plan(epoch)
-        served = plan.batches * self.world_size * self.batch_size
+        plan, batches = self.plan(epoch), self.batches(epoch)
+        served = self._offset(epoch) + batches * self.round_units
         dropped_units = np.concatenate([plan.ordered(served), plan.unordered()])
         items, _ = plan.layout.items_of(dropped_units)
         return {
             "units": len(plan.layout),
             "global_batches": plan.global_batches,
-            "batches_per_rank": plan.batches,
+            "batches_per_rank": batches,
             "dropped_units": dropped_units,
             "dropped_items": plan.layout.ids(items),
             "dropped_tokens": int(plan.layout.lengths(items).sum()),
@@ -177,32 +210,46 @@ class Sampler:
 
     def __len__(self) -> int:
         """Batches of the current epoch for this rank (the same on every rank)."""
-        return self.plan(self.epoch).batches
+        return self.batches(self.epoch)
 
     def __iter__(self) -> Iterator[PackedBatch]:
         generation, epoch = self._generation, self.epoch
-        batches = self.plan(epoch).batches
+        batches = self.batches(epoch)
         while self._generation == generation and self.epoch == epoch and self.cursor < batches:
             index = self.cursor
             out = self.batch(epoch, index)
             if index + 1 >= batches:
-                self.epoch, self.cursor = epoch + 1, 0
+                self._start_epoch(epoch + 1)
             else:
                 self.cursor = index + 1
             yield out
 
+    def _start_epoch(self, epoch: int) -> None:
+        self.epoch, self.offset, self.cursor = epoch, 0, 0
+
+    @property
+    def position(self) -> int:
+        """Units of the current epoch's order consumed by all ranks together."""
+        return self.offset + self.cursor * self.round_units
+
     def state_dict(self) -> dict:
-        return {
+        state = {
             "version": STATE_VERSION,
             "epoch": int(self.epoch),
-            "cursor": int(self.cursor),
+            "units": int(self.position),
+            "settings": self._settings_key(),
+            # Who wrote it (not checked on load): the sizes that cut the order into batches.
             "rank": self.rank,
             "world_size": self.world_size,
-            "settings": self._settings_key(),
+            "batch_size": self.batch_size,
         }
+        if self.policy.whole_updates:
+            state["update_units"] = self.planned_update_units(self.epoch)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        if int(state.get("version", -1)) != STATE_VERSION:
+        version = int(state.get("version", -1))
+        if version not in (2, STATE_VERSION):
             raise ConfigError(
                 f"sampler state version {state.get('version')!r}, expected {STATE_VERSION}: the checkpoint "
                 "was written by another version of pretrain; start a new run (ckpt_path=null)"
@@ -210,6 +257,9 @@ class Sampler:
         saved = {
             self.policy.renamed_settings.get(k, k): v for k, v in dict(state.get("settings", {})).items()
         }
+        epoch, units, update_units = self._saved_position(state, saved)
+        for key in SIZES_OF_VERSION_2:
+            saved.pop(key, None)
         current = self._settings_key()
         # Both ways: an option named only when set (data.long_docs, data.document_mask) may be in either.
         changed = {
@@ -220,16 +270,47 @@ class Sampler:
             raise ConfigError(
                 f"the sampler state was saved with other data settings ({detail}); resume with the same ones"
             )
-        epoch, cursor = int(state["epoch"]), int(state["cursor"])
-        if epoch < 0 or cursor < 0:
-            raise ConfigError(f"bad sampler state: epoch={epoch}, cursor={cursor}")
-        saved_world = int(state.get("world_size", self.world_size))
-        if saved_world != self.world_size:  # same global position, never repeating a batch
-            cursor = math.ceil(cursor * saved_world / self.world_size)
-        if cursor >= self.plan(epoch).batches:
-            epoch, cursor = epoch + 1, 0
-        self.epoch, self.cursor = epoch, cursor
+        if epoch < 0 or units < 0 or update_units < 1:
+            raise ConfigError(f"bad sampler state: epoch={epoch}, units={units}, update_units={update_units}")
+        self._planned_update_units = None
+        if self.policy.whole_updates and units > 0 and update_units != self.update_units:
+            self._keep_update_size(epoch, update_units)
+        self.epoch = epoch
+        self.offset, self.cursor = units % self.round_units, units // self.round_units
+        if self.cursor >= self.batches(epoch):  # what is left makes no whole round: the dropped tail
+            self._start_epoch(epoch + 1)
         self._generation += 1
+
+    def _saved_position(self, state: dict, saved: dict) -> tuple[int, int, int]:
+        """(epoch, units consumed, update size of that epoch's plan) of a saved state. Version 2 saved a
+        rank cursor, which counted whole rounds of its world size x its train.batch_size (its updates:
+        x its train.accumulation)."""
+        if int(state["version"]) == STATE_VERSION:
+            update_units = int(state.get("update_units", self.update_units))
+            return int(state["epoch"]), int(state["units"]), update_units
+        world = int(state.get("world_size", self.world_size))
+        batch_size = int(saved.get("train.batch_size", self.batch_size))
+        accumulation = int(saved.get("train.accumulation", self.settings.accumulation))
+        return (
+            int(state["epoch"]),
+            int(state["cursor"]) * world * batch_size,
+            batch_size * accumulation * world,
+        )
+
+    def _keep_update_size(self, epoch: int, saved: int) -> None:
+        """A vsl epoch resumed mid-way keeps its planned update size `saved`: the new one must divide it
+        so that each new update lies inside one planned update (one bucket)."""
+        new = self.update_units
+        if saved % new:
+            raise ConfigError(
+                f"data={self.policy.name} groups each update from one length bucket: the checkpoint's epoch "
+                f"{epoch} was planned for updates of {saved} {self.policy.unit_name}, and this run's "
+                f"({new}: train.batch_size={self.batch_size} x train.accumulation="
+                f"{self.settings.accumulation} x world size {self.world_size}) does not divide it; resume "
+                f"with the same trainer.devices x trainer.num_nodes x train.batch_size x train.accumulation "
+                f"(or a product dividing {saved})"
+            )
+        self._planned_update_units = (epoch, saved)
 
 
 def build_sampler(
