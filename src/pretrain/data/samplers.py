@@ -183,6 +183,7 @@ class Sampler:
             epoch=epoch,
             index=index,
             global_index=global_index,
+            position=first,  # of its first unit in the epoch's order, whatever the sizes
             rank=self.rank,
             packs=units,
             chunks=plan.layout.ids(items),
