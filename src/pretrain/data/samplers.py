@@ -78,7 +78,7 @@ class Sampler:
         self.offset = 0  # global units of the epoch before batch 0 (below world_size x batch_size)
         self._planned_update_units: tuple[int, int] | None = None  # (epoch, size) a resumed vsl epoch keeps
         self._generation = 0  # bumped by load_state_dict: a live iterator from before stops
-        self._plans: dict[int, EpochPlan] = {}
+        self._plans: dict[tuple[int, int], EpochPlan] = {}  # by (epoch, update size)
         self._fixed_layout: Layout | None = None  # a policy whose layout is the same every epoch
         self._split_fingerprint = split_fingerprint(split)
         if len(self) == 0 and self.policy.whole_updates:
