@@ -309,7 +309,7 @@ def test_mismatched_state_is_refused(tmp_path):
     take(sampler, 2, [])
     state = sampler.state_dict()
     other = build_sampler(case_cfg("bestfit", "seed=7"), split)
-    with pytest.raises(ValueError, match=r"\(seed: 1234 -> 7\); resume with the same ones"):
+    with pytest.raises(ValueError, match=r"\(seed: 1234 -> 7\), which plan another data order"):
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="policy"):
         build_sampler(case_cfg("bfd"), split, packs_dir=tmp_path).load_state_dict(state)

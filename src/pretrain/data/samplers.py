@@ -269,7 +269,9 @@ class Sampler:
         if changed:
             detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise ConfigError(
-                f"the sampler state was saved with other data settings ({detail}); resume with the same ones"
+                f"the sampler state was saved with other data settings ({detail}), which plan another data "
+                "order, so the resume could not continue it exactly; resume with the same ones (the number "
+                "of ranks and train.batch_size may change)"
             )
         if epoch < 0 or units < 0 or update_units < 1:
             raise ConfigError(f"bad sampler state: epoch={epoch}, units={units}, update_units={update_units}")

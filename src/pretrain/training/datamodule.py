@@ -13,8 +13,14 @@ one update too far: a resume from it would silently skip an update.
 
 An update is `train.accumulation` consecutive batches of this rank. A policy that plans whole updates
 (vsl: every microbatch of an update, on every rank, from one length bucket) serves a whole number of
-updates per epoch, so an update never straddles two epochs, and a saved cursor is always at an
+updates per epoch, so an update never straddles two epochs, and a saved position is always at an
 update's start.
+
+The saved state is the sampler's global position (epoch, units consumed: data/samplers.py), never
+global_step x a batch size, so a checkpoint resumes on another number of ranks or train.batch_size
+exactly. The update stream has no length: Lightning's epoch never ends and train.max_steps stops the
+run, so a resumed epoch that cuts into another number of batches per rank changes nothing here;
+global_step, the LR schedule and tokens_seen continue from the checkpoint.
 """
 
 from __future__ import annotations

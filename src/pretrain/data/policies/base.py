@@ -123,7 +123,7 @@ class DataPolicy:
     shuffle_units: ClassVar[bool] = True  # shuffle the units of the layout per training epoch
     unit_name: ClassVar[str] = "packs"  # what a unit is called in messages
     # True when `unit_order` groups the units into whole optimizer updates (vsl: one bucket per update):
-    # the plan then depends on train.accumulation and the world size, and a resume checks both.
+    # the plan then depends on the update size, which a resumed epoch keeps (Sampler.load_state_dict).
     whole_updates: ClassVar[bool] = False
     # Resume-key names of older checkpoints -> today's (a state saved before a key moved still resumes).
     renamed_settings: ClassVar[dict[str, str]] = {}
