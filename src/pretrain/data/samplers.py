@@ -19,9 +19,9 @@ batch_size, so a resume with unchanged sizes is the uninterrupted run batch for 
 tail rule applies to the rest: the batches that do not fill a whole round of world_size are dropped.
 vsl's order itself depends on the update size: a resumed epoch keeps the update size it was planned
 with, which the new one must divide (every new update then lies inside one planned update, so in one
-bucket); the next epoch is planned with the new size. A state of version 2 (a rank cursor) is at
-position cursor x its world_size x its train.batch_size, its epoch's update size batch_size x
-accumulation x world_size: exact, as nothing else was saved.
+bucket); the next epoch is planned with the new size. A state of version 2 (a rank cursor and its
+world size) is read as position cursor x world_size x train.batch_size and update size batch_size x
+accumulation x world_size, its own sizes: exact, since its cursor counted whole rounds of them.
 
 Validation is not a sampler's job: its pairs are the same for every policy (evaluation.py).
 """
@@ -49,7 +49,7 @@ __all__ = ["STATE_VERSION", "EpochPlan", "Sampler", "build_sampler"]
 
 class Sampler:
     """The training sampler of one policy, split and rank. Interface: iter / len / state_dict /
-    load_state_dict (see module doc); `plan(epoch)` and `batch(epoch, index)` are pure."""
+    load_state_dict (see module doc); `plan(epoch)` and `batch(epoch, index)` never change the state."""
 
     def __init__(
         self,
@@ -169,7 +169,7 @@ class Sampler:
         return math.ceil(max(0, plan.ordered_units - offset) / self.batch_size) // self.world_size
 
     def batch(self, epoch: int, index: int) -> PackedBatch:
-        """This rank's batch `index` of `epoch` (pure: the state is not touched)."""
+        """This rank's batch `index` of `epoch`, counted from the epoch's offset (the state is untouched)."""
         plan, batches, offset = self.plan(epoch), self.batches(epoch), self._offset(epoch)
         if not 0 <= index < batches:
             raise IndexError(f"batch {index} of an epoch of {batches}")
