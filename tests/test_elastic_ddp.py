@@ -94,9 +94,9 @@ def flat(units: list[list[int]]) -> list[int]:
 
 
 def error_line(proc: subprocess.CompletedProcess) -> str:
-    """The one `error:` line of a refused launch (each rank process prints the same one)."""
+    """The one `error:` line of a refused launch (refused before any rank starts: once)."""
     assert proc.returncode == 2, proc.stderr[-3000:]
-    (line,) = {line for line in proc.stderr.splitlines() if line.startswith("error:")}
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     return line
 
 

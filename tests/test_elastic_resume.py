@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_samplers import CASES, case_cfg, random_split
 
-from pretrain.data.samplers import STATE_VERSION, build_sampler
+from pretrain.data.samplers import STATE_VERSION, build_sampler, check_resume
 from pretrain.errors import ConfigError
 
 # (world size, train.batch_size) before and after the resume.
@@ -232,3 +232,34 @@ def test_any_sizes_and_position_continue_exactly(case, before, after, rounds, tm
     assert sorted(dropped) == sorted(order[len(first) + len(rest) :])
     assert len(dropped) < after[0] * after[1]
     assert len(set(first + rest + dropped)) == len(order) == len(first) + len(rest) + len(dropped)
+
+
+# --- refused before any rank starts (training/checks.py calls check_resume with the checkpoint) ------
+
+
+def test_check_resume_refuses_what_the_sampler_would_without_the_split(tmp_path):
+    sampler = ranks("vsl", 2, 2, tmp_path)[0]
+    next(iter(sampler))
+    state = json.loads(json.dumps(sampler.state_dict()))
+    check_resume(state, case_cfg("vsl"), world_size=1)  # 4-unit updates split into 2-unit ones
+    check_resume(state, case_cfg("vsl"), world_size=None)  # ranks not known yet: the sampler checks
+    with pytest.raises(ConfigError, match=r"planned for updates of 4 units, and this run's \(6: "):
+        check_resume(state, case_cfg("vsl"), world_size=3)
+    with pytest.raises(ConfigError, match=r"\(seed: 1234 -> 7\), which plan another data order"):
+        check_resume(state, case_cfg("vsl", "seed=7"), world_size=2)
+    with pytest.raises(ConfigError, match=r"data\.policy: 'vsl' -> 'bestfit'"):
+        check_resume(state, case_cfg("bestfit"), world_size=2)
+    epoch_start = ranks("vsl", 2, 2, tmp_path)[0].state_dict()
+    check_resume(epoch_start, case_cfg("vsl"), world_size=3)  # nothing of the epoch planned yet
+
+
+def test_the_run_finds_the_sampler_state_where_lightning_saves_it():
+    from pretrain.config import TrainerConfig
+    from pretrain.training.checks import DATAMODULE_STATE, launch_world_size
+    from pretrain.training.datamodule import PretrainDataModule
+
+    assert DATAMODULE_STATE == PretrainDataModule.__qualname__
+    sizes = [(2, 1, 2), (3, 2, 6), ([0, 1], 2, 4), (-1, 1, None), ("auto", 1, None), ("4", 1, 4)]
+    for devices, nodes, world in sizes:
+        trainer = TrainerConfig("cpu", devices, nodes, strategy="ddp", precision="32-true")
+        assert launch_world_size(trainer) == world

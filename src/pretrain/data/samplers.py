@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,7 @@ STATE_VERSION = 3
 # Settings a version-2 state checked that a global position no longer depends on.
 SIZES_OF_VERSION_2 = ("train.batch_size", "train.accumulation", "world_size")
 
-__all__ = ["STATE_VERSION", "EpochPlan", "Sampler", "build_sampler"]
+__all__ = ["STATE_VERSION", "EpochPlan", "Sampler", "build_sampler", "check_resume"]
 
 
 class Sampler:
@@ -102,14 +103,11 @@ class Sampler:
         return self.policy.resume_key()
 
     def _settings_key(self) -> dict:
-        """Settings an epoch's order depends on, by config key; a resume with other values is refused.
-        Sizes (world size, train.batch_size, train.accumulation) only cut the order into batches."""
+        """Settings an epoch's order depends on, by config key, the split's included; a resume with
+        other values is refused."""
         return {
-            "data.policy": str(self.policy.name),
+            **order_key(self.settings),
             "split": self.split.name,
-            "data.max_seq_len": self.max_seq_len,
-            "seed": self.settings.seed,
-            **self.policy_settings(),
             "split_fingerprint": self._split_fingerprint,
         }
 
@@ -249,71 +247,113 @@ class Sampler:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        version = int(state.get("version", -1))
-        if version not in (2, STATE_VERSION):
-            raise ConfigError(
-                f"sampler state version {state.get('version')!r}, expected {STATE_VERSION}: the checkpoint "
-                "was written by another version of pretrain; start a new run (ckpt_path=null)"
-            )
-        saved = {
-            self.policy.renamed_settings.get(k, k): v for k, v in dict(state.get("settings", {})).items()
-        }
-        epoch, units, update_units = self._saved_position(state, saved)
-        for key in SIZES_OF_VERSION_2:
-            saved.pop(key, None)
-        current = self._settings_key()
-        # Both ways: an option named only when set (data.long_docs, data.document_mask) may be in either.
-        changed = {
-            k: (saved.get(k), current.get(k)) for k in {**current, **saved} if saved.get(k) != current.get(k)
-        }
-        if changed:
-            detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
-            raise ConfigError(
-                f"the sampler state was saved with other data settings ({detail}), which plan another data "
-                "order, so the resume could not continue it exactly; resume with the same ones (the number "
-                "of ranks and train.batch_size may change)"
-            )
-        if epoch < 0 or units < 0 or update_units < 1:
-            raise ConfigError(f"bad sampler state: epoch={epoch}, units={units}, update_units={update_units}")
+        saved = read_state(state, self.settings, self._settings_key())
         self._planned_update_units = None
-        if self.policy.whole_updates and units > 0 and update_units != self.update_units:
-            self._keep_update_size(epoch, update_units)
-        self.epoch = epoch
-        self.offset, self.cursor = units % self.round_units, units // self.round_units
-        if self.cursor >= self.batches(epoch):  # what is left makes no whole round: the dropped tail
-            self._start_epoch(epoch + 1)
+        planned = saved.update_units
+        if self.policy.whole_updates and saved.units > 0 and planned not in (None, self.update_units):
+            check_update_size(self.settings, self.world_size, saved)
+            self._planned_update_units = (saved.epoch, int(planned))
+        self.epoch = saved.epoch
+        self.offset, self.cursor = saved.units % self.round_units, saved.units // self.round_units
+        if self.cursor >= self.batches(saved.epoch):  # what is left makes no whole round: the dropped tail
+            self._start_epoch(saved.epoch + 1)
         self._generation += 1
 
-    def _saved_position(self, state: dict, saved: dict) -> tuple[int, int, int]:
-        """(epoch, units consumed, update size of that epoch's plan) of a saved state. Version 2 saved a
-        rank cursor, which counted whole rounds of its world size x its train.batch_size (its updates:
-        x its train.accumulation)."""
-        if int(state["version"]) == STATE_VERSION:
-            update_units = int(state.get("update_units", self.update_units))
-            return int(state["epoch"]), int(state["units"]), update_units
-        world = int(state.get("world_size", self.world_size))
-        batch_size = int(saved.get("train.batch_size", self.batch_size))
-        accumulation = int(saved.get("train.accumulation", self.settings.accumulation))
-        return (
-            int(state["epoch"]),
-            int(state["cursor"]) * world * batch_size,
-            batch_size * accumulation * world,
-        )
 
-    def _keep_update_size(self, epoch: int, saved: int) -> None:
-        """A vsl epoch resumed mid-way keeps its planned update size `saved`: the new one must divide it
-        so that each new update lies inside one planned update (one bucket)."""
-        new = self.update_units
-        if saved % new:
-            raise ConfigError(
-                f"data={self.policy.name} groups each update from one length bucket: the checkpoint's epoch "
-                f"{epoch} was planned for updates of {saved} {self.policy.unit_name}, and this run's "
-                f"({new}: train.batch_size={self.batch_size} x train.accumulation="
-                f"{self.settings.accumulation} x world size {self.world_size}) does not divide it; resume "
-                f"with the same trainer.devices x trainer.num_nodes x train.batch_size x train.accumulation "
-                f"(or a product dividing {saved})"
-            )
-        self._planned_update_units = (epoch, saved)
+# --- saved states, checked by the sampler and, before any rank starts, by the run (check_resume) ------
+
+
+@dataclass(frozen=True)
+class SavedPosition:
+    epoch: int
+    units: int  # of the epoch's order, consumed by all ranks together
+    update_units: int | None  # the update size the epoch's order was planned with (whole-update policies)
+
+
+def order_key(settings: PolicySettings) -> dict:
+    """Settings an epoch's order depends on, by config key, but for the split. Sizes (world size,
+    train.batch_size, train.accumulation) only cut the order into batches."""
+    policy = settings.data_policy
+    return {
+        "data.policy": str(policy.name),
+        "data.max_seq_len": settings.max_seq_len,
+        "seed": settings.seed,
+        **policy.resume_key(),
+    }
+
+
+def read_state(
+    state: dict, settings: PolicySettings, current: dict, ignore: tuple[str, ...] = ()
+) -> SavedPosition:
+    """The position of a saved sampler state, refused in one line when it was saved with settings
+    other than `current` (keys in `ignore` are not compared) or by another state version."""
+    version = int(state.get("version", -1))
+    if version not in (2, STATE_VERSION):
+        raise ConfigError(
+            f"sampler state version {state.get('version')!r}, expected {STATE_VERSION}: the checkpoint "
+            "was written by another version of pretrain; start a new run (ckpt_path=null)"
+        )
+    renamed = settings.data_policy.renamed_settings
+    saved = {renamed.get(k, k): v for k, v in dict(state.get("settings", {})).items()}
+    position = _position(state, saved, settings)
+    for key in (*SIZES_OF_VERSION_2, *ignore):
+        saved.pop(key, None)
+    # Both ways: an option named only when set (data.long_docs, data.document_mask) may be in either.
+    changed = {
+        k: (saved.get(k), current.get(k))
+        for k in {**current, **saved}
+        if k not in ignore and saved.get(k) != current.get(k)
+    }
+    if changed:
+        detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
+        raise ConfigError(
+            f"the sampler state was saved with other data settings ({detail}), which plan another data "
+            "order, so the resume could not continue it exactly; resume with the same ones (the number "
+            "of ranks and train.batch_size may change)"
+        )
+    if position.epoch < 0 or position.units < 0 or (position.update_units or 1) < 1:
+        raise ConfigError(f"bad sampler state: {position}")
+    return position
+
+
+def _position(state: dict, saved: dict, settings: PolicySettings) -> SavedPosition:
+    """Version 3 saved the position; version 2 a rank cursor, which counted whole rounds of its world
+    size x its train.batch_size (its updates: x its train.accumulation)."""
+    if int(state["version"]) == STATE_VERSION:
+        update_units = state.get("update_units")
+        return SavedPosition(
+            int(state["epoch"]), int(state["units"]), None if update_units is None else int(update_units)
+        )
+    world = int(state["world_size"])
+    batch_size = int(saved.get("train.batch_size", settings.batch_size))
+    accumulation = int(saved.get("train.accumulation", settings.accumulation))
+    return SavedPosition(
+        int(state["epoch"]), int(state["cursor"]) * world * batch_size, batch_size * accumulation * world
+    )
+
+
+def check_update_size(settings: PolicySettings, world_size: int, saved: SavedPosition) -> None:
+    """A whole-update epoch (vsl) resumed mid-way keeps its planned update size: the new one must divide
+    it, so that each new update lies inside one planned update (one bucket)."""
+    policy, planned = settings.data_policy, saved.update_units
+    new = settings.batch_size * settings.accumulation * world_size
+    if not policy.whole_updates or saved.units == 0 or planned is None or planned % new == 0:
+        return
+    raise ConfigError(
+        f"data={policy.name} groups each update from one length bucket: the checkpoint's epoch "
+        f"{saved.epoch} was planned for updates of {planned} {policy.unit_name}, and this run's "
+        f"({new}: train.batch_size={settings.batch_size} x train.accumulation={settings.accumulation} x "
+        f"world size {world_size}) does not divide it; resume with the same trainer.devices x "
+        f"trainer.num_nodes x train.batch_size x train.accumulation (or a product dividing {planned})"
+    )
+
+
+def check_resume(state: dict, settings: PolicySettings, world_size: int | None) -> None:
+    """What a sampler would refuse of `state`, checked once before any rank starts (the split's
+    identity is the cache key's, checked beside it); `world_size` None: not known yet, not checked."""
+    saved = read_state(state, settings, order_key(settings), ignore=("split", "split_fingerprint"))
+    if world_size is not None:
+        check_update_size(settings, world_size, saved)
 
 
 def build_sampler(

@@ -8,12 +8,15 @@ from pathlib import Path
 import torch
 
 from ..config import AttnConfig, TrainerConfig
+from ..data.policies import PolicySettings
+from ..data.samplers import check_resume
 from ..errors import CheckpointError, ConfigError
 from ..model import GPTConfig
 from ..model.attention import check_backend, resolve_backend
 from .checkpoints import load_checkpoint
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16, "fp16": torch.float16}
+DATAMODULE_STATE = "PretrainDataModule"  # Lightning saves a datamodule's state under its class name
 
 
 def training_device(trainer: TrainerConfig) -> str:
@@ -52,9 +55,12 @@ def check_checkpoint(
     cache_key: str,
     max_steps: int | None = None,
     verified: bool = False,
+    policy: PolicySettings | None = None,
+    world_size: int | None = None,
 ) -> None:
-    """A checkpoint that is corrupt, from another model size, context length or cache, or already at
-    train.max_steps cannot be resumed: refused before any heavy work, naming the file."""
+    """A checkpoint that is corrupt, from another model size, context length or cache, already at
+    train.max_steps, or whose data order `policy` on `world_size` ranks cannot continue exactly
+    (samplers.check_resume) cannot be resumed: refused before any heavy work or rank, naming the file."""
     if not path:
         return
     if not Path(path).exists():
@@ -90,3 +96,22 @@ def check_checkpoint(
             f"ckpt_path={path} is at step {step} and train.max_steps={max_steps}: nothing left to train; "
             f"raise train.max_steps above {step} to continue"
         )
+    sampler_state = (checkpoint.get(DATAMODULE_STATE) or {}).get("train_sampler")
+    if policy is not None and sampler_state:
+        try:
+            check_resume(sampler_state, policy, world_size)
+        except ConfigError as error:
+            raise CheckpointError(f"ckpt_path={path}: {error}") from None
+
+
+def launch_world_size(trainer: TrainerConfig) -> int | None:
+    """Ranks the run will have, when the config says so before any device is counted (None for
+    trainer.devices=-1 or auto: the sampler checks what needs it once the ranks exist)."""
+    devices = trainer.devices
+    if isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)
+    if isinstance(devices, list | tuple):
+        devices = len(devices)
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        return None
+    return devices * int(trainer.num_nodes)

@@ -36,7 +36,7 @@ from ..fileio import write_text_atomic
 from ..model import GPTConfig
 from .checkpoint_io import RecordedModelCheckpoint, VerifiedCheckpointIO, raise_failed_save
 from .checkpoints import AUTO, newest_valid_checkpoint, remove_killed_writes, write_record
-from .checks import attention_backend, check_checkpoint
+from .checks import attention_backend, check_checkpoint, launch_world_size
 from .datamodule import PretrainDataModule
 from .loggers import DataStatistics, MetricsStart, build_loggers, finish_loggers
 from .module import PretrainModule
@@ -130,7 +130,15 @@ class RunSettings:
         cache = CacheSpec.from_config(config)
         output_dir = _output_dir(config.output_dir)
         if config.ckpt_path != AUTO:  # auto: chosen once the run directory is locked (resolve_auto)
-            check_checkpoint(config.ckpt_path, policy.max_seq_len, model, cache.key, config.train.max_steps)
+            check_checkpoint(
+                config.ckpt_path,
+                policy.max_seq_len,
+                model,
+                cache.key,
+                config.train.max_steps,
+                policy=policy,
+                world_size=launch_world_size(config.trainer),
+            )
         return cls(config, policy, model, cache, backend, output_dir)
 
     def resolve_auto(self) -> RunSettings:
@@ -145,6 +153,8 @@ class RunSettings:
             self.cache.key,
             self.config.train.max_steps,
             verified=True,
+            policy=self.policy,
+            world_size=launch_world_size(self.config.trainer),
         )
         return replace(self, config=replace(self.config, ckpt_path=found))
 
