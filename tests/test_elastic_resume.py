@@ -263,3 +263,41 @@ def test_the_run_finds_the_sampler_state_where_lightning_saves_it():
     for devices, nodes, world in sizes:
         trainer = TrainerConfig("cpu", devices, nodes, strategy="ddp", precision="32-true")
         assert launch_world_size(trainer) == world
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    before=st.tuples(st.integers(1, 4), st.integers(1, 3)),
+    after=st.tuples(st.integers(1, 4), st.integers(1, 3)),
+    accumulation=st.integers(1, 2),
+    updates=st.integers(1, 3),
+)
+def test_vsl_continues_exactly_when_the_update_size_divides(before, after, accumulation, updates):
+    """Saved after whole updates (as a checkpoint is): every new update lies in one planned one."""
+    cfg = (f"train.accumulation={accumulation}", "data.curriculum=uniform")
+    old = [
+        build_sampler(
+            case_cfg("vsl", f"train.batch_size={before[1]}", *cfg), SPLIT, rank=r, world_size=before[0]
+        )
+        for r in range(before[0])
+    ]
+    assert len(old[0]) > updates * accumulation  # the split holds more updates than are served first
+    first = in_order(serve(old, updates * accumulation))
+    state = old[0].state_dict()
+    order = old[0].plan(0).ordered().tolist()
+    new = [
+        build_sampler(
+            case_cfg("vsl", f"train.batch_size={after[1]}", *cfg), SPLIT, rank=r, world_size=after[0]
+        )
+        for r in range(after[0])
+    ]
+    planned, size = before[0] * before[1] * accumulation, after[0] * after[1] * accumulation
+    if planned % size:
+        with pytest.raises(ConfigError, match=f"planned for updates of {planned} units"):
+            new[0].load_state_dict(state)
+        return
+    for sampler in new:
+        sampler.load_state_dict(copy.deepcopy(state))
+    rest = in_order(serve(new))
+    assert first + rest == order  # the planned updates divide into whole new ones: no tail
+    assert len(new[0]) % accumulation == 0
