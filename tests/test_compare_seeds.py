@@ -333,3 +333,12 @@ def test_cli_reference_takes_a_label_with_spaces_and_an_unknown_one_is_one_error
         f"error: --reference 'nope' is not one of the compared arms: choose one of '{A}'; '{B}'; '{C}'"
     ]
     assert not (tmp_path / "c.png").exists()  # refused before anything is drawn
+
+
+def test_a_multiruns_jobs_are_read_in_numeric_order_so_its_first_arm_is_the_reference(tmp_path):
+    for job, policy in ((10, "bestfit"), (2, "padded"), (1, "padded")):
+        write_run(tmp_path / str(job), policy=policy, seed=job, train_loss=3.0, val=(4.0, 3.0))
+    assert find_runs([tmp_path]) == [tmp_path / "1", tmp_path / "2", tmp_path / "10"]
+    arms = _arms(tmp_path)
+    assert [(arm.label, arm.n) for arm in arms] == [("padded", 2), ("bestfit", 1)]
+    assert arm_table(arms).reference is arms[0]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import textwrap
 from collections import Counter
 from dataclasses import dataclass, fields
@@ -85,12 +86,19 @@ def layout_arms() -> list[tuple[str, dict[str, object]]]:
     return arms
 
 
+def _natural(path: Path) -> list[tuple[int, int | str]]:
+    """A sort key that orders numbered parts by number: a multirun's job 2 before job 10."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", str(path)) if part]
+
+
 def find_runs(directories: list[Path]) -> list[Path]:
+    """The run directories under each directory (in the order given), job numbers in numeric order: a
+    multirun's arms come in the order its jobs ran (the first is the default reference arm)."""
     runs = []
     for directory in directories:
         if not directory.exists():
             raise ConfigError(f"{directory} does not exist")
-        found = sorted(p.parent for p in directory.rglob("metrics.csv"))
+        found = sorted((p.parent for p in directory.rglob("metrics.csv")), key=_natural)
         if not found:
             raise ConfigError(f"no metrics.csv under {directory}: is it a run or multirun output directory?")
         runs.extend(found)
