@@ -20,7 +20,14 @@ from pretrain.errors import ConfigError
 from pretrain.report.arm_table import WANDB_COLUMNS, arm_table, common_reach, markdown
 from pretrain.report.arms import group_arms
 from pretrain.report.compare import compare, figure, find_runs, load_run
-from pretrain.report.statistics import Summary, difference, interpolate_at, mean_curve, summarize
+from pretrain.report.statistics import (
+    Summary,
+    difference,
+    interpolate_at,
+    mean_curve,
+    mean_points,
+    summarize,
+)
 
 A, B, C = "padded max_seq_len=64", "bestfit max_seq_len=64", "padded max_seq_len=128"
 
@@ -256,6 +263,13 @@ def test_the_figure_draws_each_arm_as_the_mean_of_its_seeds_with_a_band(study):
     assert mean.get_xdata()[0] == 100.0 and mean.get_xdata()[-1] == 400.0
     assert mean.get_ydata()[0] == pytest.approx(3.5) and mean.get_ydata()[-1] == pytest.approx(3.2)
     assert lines[C].get_xdata().tolist() == [75.0, 150.0, 225.0, 300.0]  # one seed: its own curve
+    # validation dots: the mean of the seeds' k-th validations (padded 64: 4.2 at 200, 3.2 at 400 tokens)
+    dots = {
+        (tuple(line.get_xdata()), tuple(np.round(line.get_ydata(), 6)))
+        for line in tokens.lines
+        if line.get_marker() == "o"
+    }
+    assert dots == {((200.0, 400.0), (4.2, 3.2)), ((250.0, 500.0), (4.0, 3.0)), ((150.0, 300.0), (3.8, 2.8))}
     bands = tokens.collections  # fill_between per seeded arm, error bars of their validation dots
     assert len([c for c in bands if type(c).__name__ == "FillBetweenPolyCollection"]) == 2
     plt.close(fig)
@@ -275,6 +289,21 @@ def test_mean_curve_band_is_min_max_up_to_three_seeds_then_one_std():
     assert shifted is not None and (shifted.x[0], shifted.x[-1]) == (5.0, 10.0)
     assert shifted.mean[0] == pytest.approx(1.25)  # (1.5 + 1.0) / 2
     assert mean_curve([[(0.0, 1.0), (1.0, 1.0)], [(2.0, 1.0), (3.0, 1.0)]]) is None  # no common x
+
+
+def test_mean_points_average_the_seeds_kth_validations_and_keep_the_last():
+    seeds = [[(100.0, 4.0), (300.0, 3.0)], [(110.0, 4.2), (290.0, 3.4)], [(105.0, 4.4)]]
+    dots = mean_points(seeds[:2])
+    assert dots is not None
+    assert dots.x.tolist() == [105.0, 295.0] and dots.mean.tolist() == pytest.approx([4.1, 3.2])
+    assert (dots.low.tolist(), dots.high.tolist()) == ([4.0, 3.0], [4.2, 3.4])  # min-max of two seeds
+    shorter = mean_points(seeds)  # a seed with one validation: only the first is shared
+    assert (
+        shorter is not None
+        and shorter.x.tolist() == [105.0]
+        and shorter.mean.tolist() == pytest.approx([4.2])
+    )
+    assert mean_points([[], [(1.0, 1.0)]]) is None
 
 
 def test_statistics_on_known_values():

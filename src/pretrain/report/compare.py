@@ -10,7 +10,8 @@ run is drawn and tabled as before, an arm of several seeds as their mean with a 
 The figure: one line per arm, colour its layout (policy and layout knobs), line style the values of
 the other keys the arms differ in (a sweep's keys); loss against real tokens seen and against
 training seconds (an arm of several seeds: the mean of its seeds' curves read off a common x grid they
-all cover, with a band: min-max for n <= 3 seeds, +-1 std above; the title says so). Below, per arm
+all cover, and the mean of their k-th validations, with a band: min-max for n <= 3 seeds, +-1 std
+above; the title says so). Below, per arm
 (means, with the band as error bars) padding waste (1 - real / computed tokens), the prediction pairs
 its layout never trains (truncated document tails, computed as `inspect-data` does on the run's
 cache) and real tokens per second. A single run is also set beside what the other layouts would
@@ -45,7 +46,7 @@ from ..training.metrics_file import FILE_NAME
 from ..training.run_record import LOSS, Run, layout_options, load_run, run_numbers
 from .arm_table import WANDB_COLUMNS, arm_table, markdown, reference_arm, wandb_rows
 from .arms import Arm, flat_config, group_arms, swept_keys
-from .statistics import BAND_MIN_MAX_UP_TO, band_name, mean_curve, summarize
+from .statistics import BAND_MIN_MAX_UP_TO, band_name, mean_curve, mean_points, summarize
 
 log = logging.getLogger(__name__)
 
@@ -321,8 +322,8 @@ def _legend_label(arm: Arm) -> str:
 
 def _draw_arm(ax, arm: Arm, attribute: str, color: str, style: Any) -> None:
     """One arm on a loss panel: a single run's own train curve and validation dots; several seeds'
-    mean train curve with its band and their mean validation dots with the band as error bars (both
-    read off x values every seed covers: nothing extrapolated)."""
+    mean train curve with its band (read off x values every seed covers: nothing extrapolated) and
+    the mean of their k-th validations with the band as error bars."""
     trains = [getattr(run, attribute).get(LOSS, []) for run in arm.runs]
     vals = [getattr(run, attribute).get("val/loss", []) for run in arm.runs]
     if arm.n == 1:
@@ -338,8 +339,7 @@ def _draw_arm(ax, arm: Arm, attribute: str, color: str, style: Any) -> None:
     if curve is not None:
         ax.plot(curve.x, curve.mean, color=color, linestyle=style, alpha=0.9, label=_legend_label(arm))
         ax.fill_between(curve.x, curve.low, curve.high, color=color, alpha=0.2, linewidth=0)
-    first = next((np.array(val)[:, 0] for val in vals if val), None)
-    dots = mean_curve(vals, first) if first is not None else None
+    dots = mean_points(vals)
     if dots is not None:
         ax.errorbar(
             dots.x,
@@ -363,7 +363,6 @@ def figure(runs: list[Run], arms: list[Arm] | None = None):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import PercentFormatter
 
-    label_runs(runs)
     arms = arms if arms is not None else group_arms(runs)
     keys = swept_keys([arm.runs[0] for arm in arms], ignored=("seed",))
     colors, styles = arm_styles(arms, keys)
@@ -505,6 +504,7 @@ def compare(
     for run in runs:  # a single run: what the other layouts would waste and truncate on its data
         run.layouts = layout_statistics(run, layout_arms() if len(runs) == 1 else None)
     plot(runs, output, arms)
+    label_runs(runs)  # the run table's labels: the arm's and the seed
     arms_table = arm_table(arms, reference, at_tokens, at_seconds)
     table = markdown(arms_table) + "\n## runs\n\n" + markdown_table(runs)
     write_text_atomic(output.with_suffix(".md"), table)

@@ -11,6 +11,8 @@ its standard error, values read off a curve between its points, and the mean cur
 * `mean_curve`: the seeds' curves read off one common x grid over the range they all cover, their mean
   and a band: min-max for n <= BAND_MIN_MAX_UP_TO seeds (every seed inside it; a standard deviation of
   two or three values says little), mean +- 1 std above.
+* `mean_points`: the seeds' k-th points (their k-th validations, taken at the same step) averaged, x
+  and y, with the same band: no seed's last validation is cut because another reached a little less.
 """
 
 from __future__ import annotations
@@ -133,3 +135,15 @@ def mean_curve(curves: list[list[tuple[float, float]]], x: np.ndarray | None = N
         return MeanCurve(grid, mean, values.min(axis=0), values.max(axis=0))
     std = values.std(axis=0, ddof=1)
     return MeanCurve(grid, mean, mean - std, mean + std)
+
+
+def mean_points(curves: list[list[tuple[float, float]]]) -> MeanCurve | None:
+    """The mean of the seeds' k-th points (x and y) for every k all of them have, with the band of
+    `Summary.band` over the y values; None when a seed has no points."""
+    count = min((len(curve) for curve in curves), default=0)
+    if count == 0:
+        return None
+    points = np.array([curve[:count] for curve in curves], dtype=float)  # seeds x k x (x, y)
+    summaries = [summarize(list(points[:, k, 1])) for k in range(count)]
+    bands = np.array([summary.band() for summary in summaries])
+    return MeanCurve(points[:, :, 0].mean(axis=0), points[:, :, 1].mean(axis=0), bands[:, 0], bands[:, 1])
