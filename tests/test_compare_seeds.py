@@ -45,6 +45,7 @@ def write_run(
     step_seconds: float = 1.0,
     waste: float = 0.0,
     speed: float = 1000.0,
+    **layout: object,
 ) -> Path:
     """A 4-step run: train/loss falls by 0.1 per step to `train_loss`, validation at steps 2 and 4
     (`val`), `tokens_per_step` real tokens and `step_seconds` seconds per step."""
@@ -53,7 +54,7 @@ def write_run(
         "seed": seed,
         "experiment_name": f"study-{seed}",  # names a run: never splits an arm
         "output_dir": str(directory),
-        "data": {"policy": policy, "max_seq_len": max_seq_len},
+        "data": {"policy": policy, "max_seq_len": max_seq_len, **layout},
         "train": {"batch_size": 4, "lr": lr},
     }
     (directory / "config.yaml").write_text(yaml.safe_dump(config))
@@ -137,6 +138,30 @@ def test_runs_that_differ_only_in_seed_are_one_arm_labelled_by_what_differs(stud
         ("bestfit max_seq_len=64 lr=0.01", 3),
         ("padded max_seq_len=128 lr=0.01", 1),
         ("padded max_seq_len=64 lr=0.1", 1),
+    ]
+
+
+def test_a_composition_study_reads_as_its_arms_labelled_by_their_layouts(tmp_path):
+    """Arms as `experiment=composition_study` makes them (an `arm` choice of data options, `seed`
+    swept): a layout option at its default is named where it tells arms of one policy apart."""
+    layouts = [
+        ("prepacked", {"strategy": "concat", "document_mask": False}),
+        ("prepacked", {"strategy": "concat", "document_mask": True}),
+        ("prepacked", {"strategy": "bfd", "document_mask": True}),
+        ("bestfit", {}),
+        ("padded", {"pad_to": "longest"}),
+    ]
+    job = 0
+    for policy, layout in layouts:
+        for seed in (1, 2, 3):
+            write_run(tmp_path / str(job), policy=policy, seed=seed, train_loss=3.0, val=(4.0, 3.0), **layout)
+            job += 1
+    assert [(arm.label, arm.n) for arm in _arms(tmp_path)] == [
+        ("prepacked document_mask=false strategy=concat", 3),
+        ("prepacked document_mask=true strategy=concat", 3),
+        ("prepacked document_mask=true strategy=bfd", 3),
+        ("bestfit", 3),
+        ("padded pad_to=longest", 3),
     ]
 
 

@@ -3,8 +3,9 @@
 An arm is the runs whose resolved configs are equal except for `seed` and the keys that name or place
 a run without changing what it trains (NOT_SWEPT: output directories, loggers, `experiment_name`,
 `arm_name`, ...). Its label is what distinguishes it from the other arms: its batch layout (the policy
-and the layout options that differ from the policy's defaults, `prepacked strategy=concat
-document_mask=false`) and the values of the other keys the arms differ in (`max_seq_len=128`). A run
+and its layout options that differ from the policy's defaults or between the arms of that policy,
+`prepacked document_mask=false strategy=concat` beside `prepacked document_mask=true strategy=bfd`)
+and the values of the other keys the arms differ in (`max_seq_len=128`). A run
 config's `arm_name` is not used: a label read off the config cannot disagree with what was trained,
 and two arms that differ only in their names trained the same thing (they are one arm). A run without
 a config is an arm of its own, labelled by its directory's name. Arms keep the order of their first
@@ -129,15 +130,47 @@ def group_arms(runs: list[Run]) -> list[Arm]:
     return arms
 
 
+def _spelled(value: object) -> str:
+    """A layout option's value as an override spells it: `false`, `concat`."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def layout_label(arm: Arm, arms: list[Arm]) -> str:
+    """The arm's policy and each of its layout options that is not at the policy's default or that
+    varies among the arms of that policy (`prepacked document_mask=false strategy=concat` beside
+    `prepacked document_mask=true strategy=bfd`): a default is named where it tells arms apart."""
+    from ..data.policies import policy_class
+    from ..errors import PretrainError
+
+    data = arm.config.get("data") or {}
+    policy = str(data.get("policy", "?"))
+    try:
+        options = layout_options(policy_class(policy).config_class)
+    except PretrainError:  # a policy this version does not know: its name alone
+        return policy
+    siblings = [
+        other.config.get("data") or {}
+        for other in arms
+        if (other.config.get("data") or {}).get("policy") == policy
+    ]
+    shown = []
+    for key, default in options.items():
+        value = _spelled(data.get(key, default))
+        varies = len({_spelled(sibling.get(key, default)) for sibling in siblings}) > 1
+        if varies or value != _spelled(default):
+            shown.append(f"{key}={value}")
+    return " ".join([policy, *shown])
+
+
 def label_arms(arms: list[Arm]) -> list[str]:
-    """Set each arm's label to its layout and the values of the keys the arms differ in
-    (`padded max_seq_len=128`); returns those keys. Arms still alike (they differ in a key only some
+    """Set each arm's label to its layout (`layout_label`) and the values of the other keys the arms
+    differ in (`padded max_seq_len=128`); returns those keys. Arms still alike (they differ in a key only some
     of them have, or have no config) add the keys they differ in, or their first run's directory."""
     keys = swept_keys([arm.runs[0] for arm in arms], ignored=(SEED,))
     for arm in arms:
         flat = flat_config(arm.config)
         swept = " ".join(f"{key.split('.')[-1]}={flat.get(key)}" for key in keys)
-        arm.label = f"{arm.layout} {swept}".strip() if arm.config else arm.runs[0].path.name
+        arm.label = f"{layout_label(arm, arms)} {swept}".strip() if arm.config else arm.runs[0].path.name
     for label, count in Counter(arm.label for arm in arms).items():
         if count > 1:
             alike = [arm for arm in arms if arm.label == label]
