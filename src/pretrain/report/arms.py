@@ -5,9 +5,9 @@ a run without changing what it trains (NOT_SWEPT: output directories, loggers, `
 `arm_name`, ...). Its label is what distinguishes it from the other arms: its batch layout (the policy
 and its layout options that differ from the policy's defaults or between the arms of that policy,
 `prepacked document_mask=false strategy=concat` beside `prepacked document_mask=true strategy=bfd`)
-and the values of the other keys the arms differ in (`max_seq_len=128`). A run
-config's `arm_name` is not used: a label read off the config cannot disagree with what was trained,
-and two arms that differ only in their names trained the same thing (they are one arm). A run without
+and the values of the other keys the arms differ in (`max_seq_len=128`). A run config's `arm_name`
+is not used: a label read off the config cannot disagree with what was trained, and two arms that
+differ only in their names trained the same thing (they are one arm). A run without
 a config is an arm of its own, labelled by its directory's name. Arms keep the order of their first
 run (the order `find_runs` found them in).
 """
