@@ -9,20 +9,19 @@ run is drawn and tabled as before, an arm of several seeds as their mean with a 
 
 The figure: one line per arm, colour its layout (policy and layout knobs), line style the values of
 the other keys the arms differ in (a sweep's keys); loss against real tokens seen and against
-training seconds (an arm of several seeds: the mean of its seeds' curves read off a common x grid they
-all cover, and the mean of their k-th validations, with a band: min-max for n <= 3 seeds, +-1 std
-above; the title says so). Below, per arm
-(means, with the band as error bars) padding waste (1 - real / computed tokens), the prediction pairs
-its layout never trains (truncated document tails, computed as `inspect-data` does on the run's
-cache) and real tokens per second. A single run is also set beside what the other layouts would
-waste and truncate on its data at its max_seq_len.
+training seconds (an arm of several seeds: the mean of its seeds' curves read off a common x grid
+they all cover, and the mean of their k-th validations, with a band: min-max for n <= 3 seeds,
++-1 std above; the title says so). Below, per arm (means, with the band as error bars) padding
+waste (1 - real / computed tokens), the prediction pairs its layout never trains (truncated document
+tails, computed as `inspect-data` does on the run's cache) and real tokens per second. A single run
+is also set beside what the other layouts would waste and truncate on its data at its max_seq_len.
 
 The markdown table next to the image: the arms' table (arm_table.py: mean, std and n of final
 train/val loss, val loss interpolated at a common real-token count and at a common training time,
 tokens/s and padding waste, and each arm's difference to the reference arm with whether it exceeds
-2 standard errors), then one row per run with every number. With `--wandb` the same tables (`wandb.Table`s,
-numbers as numbers: `compare/arms`, `compare/table`) and the plot go into one W&B run (job type
-`compare`) of the compared runs' group.
+2 standard errors), then one row per run with every number. With `--wandb` the same tables
+(`wandb.Table`s, numbers as numbers: `compare/arms`, `compare/table`) and the plot go into one W&B
+run (job type `compare`) of the compared runs' group.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ from ..fileio import write_text_atomic
 from ..training.metrics_file import FILE_NAME
 from ..training.run_record import LOSS, Run, layout_options, load_run, run_numbers
 from .arm_table import WANDB_COLUMNS, arm_table, markdown, reference_arm, wandb_rows
-from .arms import Arm, flat_config, group_arms, swept_keys
+from .arms import SEED, Arm, flat_config, group_arms, swept_keys
 from .statistics import BAND_MIN_MAX_UP_TO, band_name, mean_curve, mean_points, summarize
 
 log = logging.getLogger(__name__)
@@ -364,7 +363,7 @@ def figure(runs: list[Run], arms: list[Arm] | None = None):
     from matplotlib.ticker import PercentFormatter
 
     arms = arms if arms is not None else group_arms(runs)
-    keys = swept_keys([arm.runs[0] for arm in arms], ignored=("seed",))
+    keys = swept_keys([arm.runs[0] for arm in arms], ignored=(SEED,))
     colors, styles = arm_styles(arms, keys)
     # Constrained layout makes room for the legend and long labels (tight_layout warned when it could not).
     fig = plt.figure(figsize=(16, 10), layout="constrained")
