@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import yaml
-from wandb_records import OfflineRun, run_file
+from wandb_records import OfflineRun, finished_run_file
 
 from pretrain.cli import main, parse_args
 from pretrain.errors import ConfigError
@@ -359,7 +359,11 @@ def test_compare_writes_both_tables_and_logs_the_arms_table_to_wandb(study, tmp_
     assert text.startswith("## arms (runs that differ only in seed; n = seeds)")
     runs_table = text.split("## runs\n\n")[1].splitlines()
     assert len(runs_table) == 2 + 7  # header, rule, one row per run
-    run = OfflineRun(run_file(tmp_path / "out" / "wandb"))
+    labels = [line.split(" | ")[0].removeprefix("| ") for line in runs_table[2:]]
+    assert labels == [f"{A} seed={s}" for s in (1, 2, 3)] + [f"{B} seed={s}" for s in (1, 2, 3)] + [
+        f"{C} seed=1"
+    ]
+    run = OfflineRun(finished_run_file(tmp_path / "out" / "wandb"))
     (row,) = [row for row in run.history if "compare/arms" in row]
     content = json.loads((run.path.parent / "files" / row["compare/arms"]["path"]).read_text())
     assert content["columns"] == list(WANDB_COLUMNS)

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
-from wandb_records import OfflineRun, run_file
+from wandb_records import OfflineRun, finished_run_file, run_file
 
 from pretrain.cli import main
 from pretrain.config import load_config, to_config
@@ -196,7 +196,7 @@ def test_summary_row_and_comparison_plot_at_the_end(sweep):
 
 
 def test_compare_logs_the_table_and_plot_into_one_run_of_the_group(sweep):
-    run = OfflineRun(run_file(sweep / "cmp" / "wandb"))
+    run = OfflineRun(finished_run_file(sweep / "cmp" / "wandb"))
     assert (run.name, run.group, run.job_type) == (f"compare-{GROUP}", GROUP, "compare")
     (row,) = [row for row in run.history if "compare/table" in row]
     table = row["compare/table"]

@@ -105,19 +105,19 @@ def find_runs(directories: list[Path]) -> list[Path]:
     return list(dict.fromkeys(runs))
 
 
-def label_runs(runs: list[Run]) -> list[str]:
-    """Each run's label is its arm and the values of the swept keys (`padded max_seq_len=128`); runs
-    still alike (repeats, runs without a config) add their directory's name. Returns the swept keys."""
-    keys = swept_keys(runs)
-    for run in runs:
-        flat = flat_config(run.config)
-        swept = " ".join(f"{key.split('.')[-1]}={flat.get(key)}" for key in keys)
-        run.label = f"{run.arm} {swept}".strip() if run.config else run.path.name
+def label_runs(arms: list[Arm]) -> None:
+    """Each run's label (the run table's first column) is its arm's, plus its seed when the compared
+    runs' seeds differ (`bestfit max_seq_len=128 seed=2`); runs still alike (repeats of one seed,
+    runs without a config) add their directory's name."""
+    runs = [run for arm in arms for run in arm.runs]
+    seeded = len({repr(run.config.get(SEED)) for run in runs}) > 1
+    for arm in arms:
+        for run in arm.runs:
+            run.label = arm.label + (f" seed={run.config.get(SEED)}" if seeded and run.config else "")
     counts = Counter(run.label for run in runs)
     for run in runs:
         if counts[run.label] > 1:
             run.label = f"{run.label} ({run.path.name})"
-    return keys
 
 
 def arm_styles(arms: list[Arm], keys: list[str]) -> tuple[list[str], list[Any]]:
@@ -503,7 +503,7 @@ def compare(
     for run in runs:  # a single run: what the other layouts would waste and truncate on its data
         run.layouts = layout_statistics(run, layout_arms() if len(runs) == 1 else None)
     plot(runs, output, arms)
-    label_runs(runs)  # the run table's labels: the arm's and the seed
+    label_runs(arms)
     arms_table = arm_table(arms, reference, at_tokens, at_seconds)
     table = markdown(arms_table) + "\n## runs\n\n" + markdown_table(runs)
     write_text_atomic(output.with_suffix(".md"), table)
