@@ -375,6 +375,7 @@ def test_compare_writes_both_tables_and_logs_the_arms_table_to_wandb(study, tmp_
     (single,) = [r for r in rows if r["metric"].startswith("val loss at 300 real tokens") and r["arm"] == C]
     assert single["at"] == 300.0 and single["std"] is None and single["exceeds_2se"] is None
     assert "compare/table" in row  # the per-run table stays
+    assert run.config_value("reference") == B
 
 
 def test_cli_reference_takes_a_label_with_spaces_and_an_unknown_one_is_one_error_line(

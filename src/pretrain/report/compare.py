@@ -43,7 +43,7 @@ from ..errors import ConfigError
 from ..fileio import write_text_atomic
 from ..training.metrics_file import FILE_NAME
 from ..training.run_record import LOSS, Run, layout_options, load_run, run_numbers
-from .arm_table import WANDB_COLUMNS, arm_table, markdown, reference_arm, wandb_rows
+from .arm_table import WANDB_COLUMNS, ArmTable, arm_table, markdown, reference_arm, wandb_rows
 from .arms import SEED, Arm, flat_config, group_arms, swept_keys
 from .statistics import BAND_MIN_MAX_UP_TO, band_name, mean_curve, mean_points, summarize
 
@@ -511,7 +511,7 @@ def compare(
         print(table)
         print(f"plot: {output.resolve()}")
     if wandb:
-        where = log_to_wandb(runs, output, arm_rows=wandb_rows(arms_table))
+        where = log_to_wandb(runs, output, arms=arms_table)
         if not quiet:
             print(f"W&B: {where}")
     return output.resolve()
@@ -560,7 +560,7 @@ def log_to_wandb(
     project: str | None = None,
     entity: str | None = None,
     mode: str | None = None,
-    arm_rows: list[list] | None = None,
+    arms: ArmTable | None = None,
 ) -> str:
     """Log the comparison tables (`compare/arms`, a `wandb.Table` with arm_table.WANDB_COLUMNS, one
     row per metric and arm; `compare/table`, one row per run with COLUMNS) and plot (`compare/plot`)
@@ -589,7 +589,11 @@ def log_to_wandb(
         job_type="compare",
         dir=str(Path(plot_path).resolve().parent),
         mode=mode,  # type: ignore[arg-type]
-        config={"runs": [str(run.path) for run in runs], "groups": dict(groups)},
+        config={
+            "runs": [str(run.path) for run in runs],
+            "groups": dict(groups),
+            "reference": arms.reference.label if arms and arms.reference else None,
+        },
         reinit="create_new",
     )
     try:
@@ -597,8 +601,8 @@ def log_to_wandb(
             {
                 "compare/table": wandb.Table(columns=list(COLUMNS), data=rows),
                 **(
-                    {"compare/arms": wandb.Table(columns=list(WANDB_COLUMNS), data=arm_rows)}
-                    if arm_rows
+                    {"compare/arms": wandb.Table(columns=list(WANDB_COLUMNS), data=wandb_rows(arms))}
+                    if arms
                     else {}
                 ),
                 PLOT_KEY: wandb.Image(str(plot_path)),
