@@ -267,11 +267,17 @@ def test_a_run_short_of_the_chosen_x_is_left_out_and_named_not_extrapolated(stud
     at_seconds = _rows(table, "val loss at 1.0 training seconds")  # before every run's first validation
     assert all(row.summary.n == 0 for row in at_seconds.values())
     text = markdown(table)
-    left_out = [line for line in text.splitlines() if line.startswith("left out (did not reach 450")]
+    left_out = [
+        line for line in text.splitlines() if line.startswith("left out (validations do not span 450")
+    ]
     assert left_out == [
-        "left out (did not reach 450 real tokens in validation (not extrapolated)): "
+        "left out (validations do not span 450 real tokens: not extrapolated): "
         + ", ".join(str(study / job) for job in ("0", "1", "2", "6"))
     ]
+    assert (  # every run first validated after 1 s
+        "left out (validations do not span 1.0 training seconds: not extrapolated): "
+        + ", ".join(str(study / str(job)) for job in range(7))
+    ) in text.splitlines()
 
 
 def test_the_figure_draws_each_arm_as_the_mean_of_its_seeds_with_a_band(study):

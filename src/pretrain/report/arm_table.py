@@ -8,8 +8,9 @@ The metrics, per run, then summarized over the arm's seeds:
 * val loss at a common training time (seconds of data + update steps, validation left out, as the
   figure's time axis): by default the longest every run reached in validation (`--at-seconds S`);
 * real tokens/s (the run's median) and padding waste (the run's mean).
-A run without a value (it never validated, or did not reach the chosen x: nothing is extrapolated) is
-left out of that metric's n and named under its section.
+A run without a value (it never validated, or its validations do not span the chosen x: it stopped
+short of it or first validated after it; nothing is extrapolated) is left out of that metric's n and
+named under its section.
 
 Reference: `--reference LABEL` (an arm's label as the table prints it), by default the first arm when
 there are several and none for a single arm.
@@ -90,13 +91,13 @@ def metrics(runs: list[Run], at_tokens: float | None = None, at_seconds: float |
             f"val loss at {tokens_at} (interpolated; {tokens_how})",
             lambda run: interpolate_at(run.series.get(VAL_LOSS, []), tokens),
             at=tokens,
-            missing=f"did not reach {tokens_at} in validation (not extrapolated)",
+            missing=f"validations do not span {tokens_at}: not extrapolated",
         ),
         Metric(
             f"val loss at {seconds_at} (interpolated; {seconds_how})",
             lambda run: interpolate_at(run.by_time.get(VAL_LOSS, []), seconds),
             at=seconds,
-            missing=f"did not reach {seconds_at} in validation (not extrapolated)",
+            missing=f"validations do not span {seconds_at}: not extrapolated",
         ),
         Metric(
             "real tokens/s (median of the run)",

@@ -7,7 +7,8 @@ its standard error, values read off a curve between its points, and the mean cur
   sqrt(s1^2/n1 + s2^2/n2), and whether |difference| > 2 SE (only when both arms have n >= 2: below
   that there is no spread to compare with).
 * `interpolate_at`: linear between the two points around x, never extrapolated: outside the curve's
-  own range the value is nan (the run did not reach x; the caller reports it).
+  own range the value is nan (the run stopped short of x or first validated after it; the caller
+  reports it).
 * `mean_curve`: the seeds' curves read off one common x grid over the range they all cover, their mean
   and a band: min-max for n <= BAND_MIN_MAX_UP_TO seeds (every seed inside it; a standard deviation of
   two or three values says little), mean +- 1 std above.
