@@ -407,3 +407,13 @@ def test_a_multiruns_jobs_are_read_in_numeric_order_so_its_first_arm_is_the_refe
     arms = _arms(tmp_path)
     assert [(arm.label, arm.n) for arm in arms] == [("padded", 2), ("bestfit", 1)]
     assert arm_table(arms).reference is arms[0]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("at_tokens", 0.0), ("at_seconds", -1.0), ("at_tokens", math.nan)]
+)
+def test_a_chosen_x_must_be_a_positive_number(study, tmp_path, option, value):
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"^{flag} {value} must be a positive number$"):
+        compare([study], output=tmp_path / "c.png", quiet=True, **{option: value})
+    assert not (tmp_path / "c.png").exists()

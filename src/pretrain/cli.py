@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--wandb",
         action="store_true",
-        help="also log the table and plot into one W&B run of the runs' group (offline without a key)",
+        help="also log the tables and plot into one W&B run of the runs' group (offline without a key)",
     )
     compare.add_argument(
         "--reference",
