@@ -54,6 +54,7 @@ def write_run(
         "seed": seed,
         "experiment_name": f"study-{seed}",  # names a run: never splits an arm
         "output_dir": str(directory),
+        "cache_root": str(directory / "cache"),  # a place, not a setting: never splits an arm
         "data": {"policy": policy, "max_seq_len": max_seq_len, **layout},
         "train": {"batch_size": 4, "lr": lr},
     }

@@ -1,15 +1,15 @@
 """Arms: the runs of one setting repeated over seeds, and the labels that tell arms apart.
 
 An arm is the runs whose resolved configs are equal except for `seed` and the keys that name or place
-a run without changing what it trains (NOT_SWEPT: output directories, loggers, `experiment_name`,
-`arm_name`, ...). Its label is what distinguishes it from the other arms: its batch layout (the policy
-and its layout options that differ from the policy's defaults or between the arms of that policy,
-`prepacked document_mask=false strategy=concat` beside `prepacked document_mask=true strategy=bfd`)
-and the values of the other keys the arms differ in (`max_seq_len=128`). A run config's `arm_name`
-is not used: a label read off the config cannot disagree with what was trained, and two arms that
-differ only in their names trained the same thing (they are one arm). A run without
-a config is an arm of its own, labelled by its directory's name. Arms keep the order of their first
-run (the order `find_runs` found them in).
+a run without changing what it trains (NOT_SWEPT: output and cache directories, loggers,
+`experiment_name`, `arm_name`, ...). Its label is what distinguishes it from the other arms: its
+batch layout (the policy and its layout options that differ from the policy's defaults or between the
+arms of that policy, `prepacked document_mask=false strategy=concat` beside `prepacked
+document_mask=true strategy=bfd`) and the values of the other keys the arms differ in
+(`max_seq_len=128`). A run config's `arm_name` is not used: a label read off the config cannot
+disagree with what was trained, and two arms that differ only in their names trained the same thing
+(they are one arm). A run without a config is an arm of its own, labelled by its directory's name.
+Arms keep the order of their first run (the order `find_runs` found them in).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ SEED = "seed"
 NOT_SWEPT = (
     "output_dir",
     "ckpt_path",
+    "cache_root",  # where caches live: a cache is found by its content's identity, not its place
     "experiment_name",
     "arm_name",
     "progress_bar",
