@@ -166,6 +166,14 @@ def test_a_composition_study_reads_as_its_arms_labelled_by_their_layouts(tmp_pat
     ]
 
 
+def test_an_arm_name_in_the_config_neither_splits_nor_labels_an_arm(tmp_path):
+    for job, name in enumerate(("concat-nomask", "concat-nomask-again")):
+        path = write_run(tmp_path / str(job), policy="bestfit", seed=job, train_loss=3.0, val=(4.0, 3.0))
+        config = yaml.safe_load((path / "config.yaml").read_text())
+        (path / "config.yaml").write_text(yaml.safe_dump({**config, "arm_name": name}))
+    assert [(arm.label, arm.n) for arm in _arms(tmp_path)] == [("bestfit", 2)]
+
+
 def test_arms_alike_but_for_a_key_only_some_have_are_told_apart_by_it(tmp_path):
     for job, buffer in enumerate((None, 64)):
         path = write_run(tmp_path / str(job), policy="bestfit", seed=1, train_loss=3.0, val=(4.0, 3.0))
