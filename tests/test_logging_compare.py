@@ -92,8 +92,10 @@ def test_compare_reads_runs_and_writes_plot_and_table(offline_env):
     assert find_runs([offline_env / "sweep"]) == [a, b]
     png = compare([offline_env / "sweep"], output=offline_env / "cmp.png", quiet=True)
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
-    table = (offline_env / "cmp.md").read_text().splitlines()
-    assert len(table) == 4  # header, rule, two runs
+    arms, runs = (offline_env / "cmp.md").read_text().split("## runs\n\n")
+    assert len(runs.splitlines()) == 4  # header, rule, two runs
+    assert "reference: `padded`" in arms  # two arms of one seed each: the first is the reference
+    assert "| bestfit | 1 |" in arms.split("### final val loss")[1]
     padded, bestfit = load_run(a), load_run(b)
     assert padded.policy == "padded" and bestfit.policy == "bestfit"
     assert padded.mean("train/padding_waste") > bestfit.mean("train/padding_waste") == 0.0

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
-from wandb_records import OfflineRun, run_file
+from wandb_records import OfflineRun, finished_run_file, run_file
 
 from pretrain.cli import main
 from pretrain.config import load_config, to_config
@@ -17,6 +17,7 @@ from pretrain.data.cache import CacheSpec
 from pretrain.data.policies import PolicySettings
 from pretrain.data.prepare import prepare_cache
 from pretrain.data.stats import inspect_split
+from pretrain.report.arm_table import WANDB_COLUMNS
 from pretrain.report.compare import COLUMNS, Run, load_run, plot_run, run_group_of
 from pretrain.training.loggers import (
     PLOT_KEY,
@@ -195,7 +196,7 @@ def test_summary_row_and_comparison_plot_at_the_end(sweep):
 
 
 def test_compare_logs_the_table_and_plot_into_one_run_of_the_group(sweep):
-    run = OfflineRun(run_file(sweep / "cmp" / "wandb"))
+    run = OfflineRun(finished_run_file(sweep / "cmp" / "wandb"))
     assert (run.name, run.group, run.job_type) == (f"compare-{GROUP}", GROUP, "compare")
     (row,) = [row for row in run.history if "compare/table" in row]
     table = row["compare/table"]
@@ -219,7 +220,17 @@ def test_compare_logs_the_table_and_plot_into_one_run_of_the_group(sweep):
         assert cells["attn cost"] == pytest.approx(source.mean("train/attention_cost"))
     assert by_policy["prepacked"]["x-doc visible"] > 0.0 == by_policy["bestfit"]["x-doc visible"]
     assert row[PLOT_KEY]["_type"] == "image-file"
-    assert (sweep / "cmp" / "cmp.md").read_text().count("\n") == 4  # the markdown table too
+    assert (sweep / "cmp" / "cmp.md").read_text().split("## runs\n\n")[1].count("\n") == 4  # markdown too
+    # The arms' table (one seed per arm here): one row per metric and arm, numbers as numbers.
+    arms = json.loads((run.path.parent / "files" / row["compare/arms"]["path"]).read_text())
+    assert arms["columns"] == list(WANDB_COLUMNS)
+    cells = [dict(zip(WANDB_COLUMNS, r, strict=True)) for r in arms["data"]]
+    assert len(cells) == 6 * 2 and {c["arm"] for c in cells} == {"bestfit", "prepacked document_mask=false"}
+    (final,) = [c for c in cells if c["metric"] == "final train loss" and c["arm"] == "bestfit"]
+    assert final["n"] == 1 and final["mean"] == pytest.approx(
+        load_run(sweep / "sweep" / "bestfit").last("train/loss")
+    )
+    assert final["std"] is None and final["diff"] is None  # the reference (first arm), one seed
 
 
 def _job(tmp_path: Path, hydra: dict | None, **config) -> Run:

@@ -82,6 +82,21 @@ def run_file(directory: Path) -> Path:
     return found[0]
 
 
+def finished_run_file(directory: Path, timeout: float = 30.0) -> Path:
+    """`run_file`, once W&B has written its exit record: `finish()` can return before W&B's own
+    process has flushed the last records (the history row with the tables among them)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        path = run_file(directory)
+        if any(r.WhichOneof("record_type") == "exit" for r in read_records(path)):
+            return path
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path}: no exit record after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
 class OfflineRun:
     """What one offline run logged: its run record, config, metric definitions, history, summary."""
 

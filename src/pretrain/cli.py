@@ -25,6 +25,10 @@ OUTPUT_SPELLING = "output="
 """`output=PATH` among the arguments means `--output PATH` (not a config key: no schema has `output`)."""
 
 
+VALUE_OPTIONS = ("--output", "--reference", "--at-tokens", "--at-seconds")
+"""Options followed by their value: `_options_last` moves the pair together."""
+
+
 def counts_table(cache) -> Table:
     table = Table(title=f"cache {cache.directory.name}")
     for column in ("split", "documents", "raw tokens (EOS incl.)", "prediction pairs"):
@@ -113,7 +117,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .report.compare import compare
 
     output = Path(args.output) if args.output else None
-    compare([Path(d) for d in args.dirs], output=output, wandb=args.wandb)
+    compare(
+        [Path(d) for d in args.dirs],
+        output=output,
+        wandb=args.wandb,
+        reference=args.reference,
+        at_tokens=args.at_tokens,
+        at_seconds=args.at_seconds,
+    )
     return 0
 
 
@@ -191,7 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_output(inspect, "also write the statistics as JSON to this file (the table is always printed)")
     compare = sub.add_parser(
-        "compare", help="what packing bought: loss, waste and truncation of runs side by side"
+        "compare",
+        help="what packing bought: loss, waste and truncation of runs side by side; runs that differ "
+        "only in seed form one arm (mean, std, n)",
     )
     compare.add_argument("dirs", nargs="+", help="run directories or multirun directories")
     _add_output(
@@ -202,7 +215,25 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--wandb",
         action="store_true",
-        help="also log the table and plot into one W&B run of the runs' group (offline without a key)",
+        help="also log the tables and plot into one W&B run of the runs' group (offline without a key)",
+    )
+    compare.add_argument(
+        "--reference",
+        metavar="ARM",
+        help="the arm the others are compared with, by its label in the table (default: the first arm)",
+    )
+    compare.add_argument(
+        "--at-tokens",
+        type=float,
+        metavar="N",
+        help="real-token count at which val loss is interpolated (default: the most every run validated at)",
+    )
+    compare.add_argument(
+        "--at-seconds",
+        type=float,
+        metavar="S",
+        help="training seconds at which val loss is interpolated "
+        "(default: the longest every run validated at)",
     )
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and bits per byte of a checkpoint")
     evaluate.add_argument("checkpoint", help="a .ckpt written by python train.py")
@@ -225,9 +256,9 @@ def _options_last(argv: list[str]) -> list[str]:
     positionals, options = [], []
     items = iter(argv[1:])
     for item in items:
-        if item == "--output":
+        if item in VALUE_OPTIONS:  # its value moves with it (an arm's label may hold `=` and spaces)
             value = next(items, None)  # none: argparse says "expected one argument"
-            options.append("--output" if value is None else f"--output={value}")
+            options.append(item if value is None else f"{item}={value}")
         elif item.startswith(OUTPUT_SPELLING):
             options.append(f"--{item}")
         elif item.startswith("-"):

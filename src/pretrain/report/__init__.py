@@ -1,1 +1,1 @@
-"""Reporting on finished runs: `pretrain compare` (plots and tables of runs and sweeps)."""
+"""Reporting on finished runs: `pretrain compare` (plots and tables of runs, sweeps and arms of seeds)."""

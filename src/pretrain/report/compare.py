@@ -4,14 +4,24 @@ A run directory is any directory with a `metrics.csv` (our CSV logger's output);
 directory is searched for them. A resumed run is one continuous curve: its steps are joined, the last
 write of a step wins (also across files: `metrics.<n>.csv` beside it, n ascending, then `metrics.csv`).
 
-The figure: colour is the run's arm (its policy and layout knobs), line style the values of the keys
-the runs differ in (a sweep's keys); loss against real tokens seen and against training seconds; per
-run padding waste (1 - real / computed tokens), the prediction pairs its layout never trains
-(truncated document tails, computed as `inspect-data` does on the run's cache) and real tokens per
-second. A single run is also set beside what the other layouts would waste and truncate on its data
-at its max_seq_len. A markdown table with the same numbers goes next to the image. With `--wandb` the
-same table (a `wandb.Table`, numbers as numbers) and plot go into one W&B run (job type `compare`) of
-the compared runs' group.
+Runs whose configs differ only in `seed` are one arm (arms.py: grouping and labels); an arm of one
+run is drawn and tabled as before, an arm of several seeds as their mean with a band.
+
+The figure: one line per arm, colour its layout (policy and layout knobs), line style the values of
+the other keys the arms differ in (a sweep's keys); loss against real tokens seen and against
+training seconds (an arm of several seeds: the mean of its seeds' curves read off a common x grid
+they all cover, and the mean of their k-th validations, with a band: min-max for n <= 3 seeds,
++-1 std above; the title says so). Below, per arm (means, with the band as error bars) padding
+waste (1 - real / computed tokens), the prediction pairs its layout never trains (truncated document
+tails, computed as `inspect-data` does on the run's cache) and real tokens per second. A single run
+is also set beside what the other layouts would waste and truncate on its data at its max_seq_len.
+
+The markdown table next to the image: the arms' table (arm_table.py: mean, std and n of final
+train/val loss, val loss interpolated at a common real-token count and at a common training time,
+tokens/s and padding waste, and each arm's difference to the reference arm with whether it exceeds
+2 standard errors), then one row per run with every number. With `--wandb` the same tables
+(`wandb.Table`s, numbers as numbers: `compare/arms`, `compare/table`) and the plot go into one W&B
+run (job type `compare`) of the compared runs' group.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import textwrap
 from collections import Counter
 from dataclasses import dataclass, fields
@@ -29,37 +40,22 @@ import numpy as np
 import yaml
 
 from ..errors import ConfigError
+from ..fileio import write_text_atomic
 from ..training.metrics_file import FILE_NAME
 from ..training.run_record import LOSS, Run, layout_options, load_run, run_numbers
+from .arm_table import WANDB_COLUMNS, ArmTable, arm_table, markdown, reference_arm, wandb_rows
+from .arms import SEED, Arm, flat_config, group_arms, swept_keys
+from .statistics import BAND_MIN_MAX_UP_TO, band_name, mean_curve, mean_points, summarize
 
 log = logging.getLogger(__name__)
 
 
 LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
 """One line style per combination of the swept keys' values."""
-NOT_SWEPT = (
-    "output_dir",
-    "ckpt_path",
-    "experiment_name",
-    "progress_bar",
-    "record_batches",
-    "logger.",
-    "hydra.",
-)
-"""Keys that differ between runs without changing what they train."""
 PALETTE = tuple(
     f"tab:{c}" for c in ("red", "purple", "blue", "orange", "green", "brown", "pink", "olive", "cyan")
 )
 """Arm colours: the registered policies' defaults take the first ones, in registry order."""
-
-
-def policy_keys() -> set[str]:
-    """`data.policy` and every registered policy's layout options: the keys that make a run's arm."""
-    from ..data.policies import REGISTRY
-
-    return {"data.policy"} | {
-        f"data.{k}" for cls in REGISTRY.values() for k in layout_options(cls.config_class)
-    }
 
 
 def arm_colors(arms: list[str]) -> dict[str, str]:
@@ -90,67 +86,47 @@ def layout_arms() -> list[tuple[str, dict[str, object]]]:
     return arms
 
 
+def _natural(path: Path) -> list[tuple[int, int | str]]:
+    """A sort key that orders numbered parts by number: a multirun's job 2 before job 10."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", str(path)) if part]
+
+
 def find_runs(directories: list[Path]) -> list[Path]:
+    """The run directories under each directory (in the order given), job numbers in numeric order: a
+    multirun's arms come in the order its jobs ran (the first is the default reference arm)."""
     runs = []
     for directory in directories:
         if not directory.exists():
             raise ConfigError(f"{directory} does not exist")
-        found = sorted(p.parent for p in directory.rglob("metrics.csv"))
+        found = sorted((p.parent for p in directory.rglob("metrics.csv")), key=_natural)
         if not found:
             raise ConfigError(f"no metrics.csv under {directory}: is it a run or multirun output directory?")
         runs.extend(found)
     return list(dict.fromkeys(runs))
 
 
-def _flat(config: dict, prefix: str = "") -> dict[str, object]:
-    flat: dict[str, object] = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
-    return flat
-
-
-def swept_keys(runs: list[Run]) -> list[str]:
-    """The config keys whose values differ between the runs, besides the arm's own (`policy_keys`) and
-    those that change nothing trained (NOT_SWEPT) or that only some runs' policies have: what a sweep
-    varies. A key that only repeats an
-    earlier one (`model.max_seq_len` follows `data.max_seq_len`) is left out."""
-    flats = [_flat(run.config) for run in runs]
-    kept: dict[tuple[str, tuple[str, ...]], str] = {}
-    arm_keys = policy_keys()
-    for key in sorted(set().union(*flats)) if flats else []:
-        values = tuple(repr(flat.get(key)) for flat in flats)
-        if key in arm_keys or key.startswith(NOT_SWEPT) or len(set(values)) < 2:
-            continue
-        if not all(key in flat for flat in flats):  # one policy's own option (data.packing_buffer)
-            continue
-        kept.setdefault((key.split(".")[-1], values), key)
-    return list(kept.values())
-
-
-def label_runs(runs: list[Run]) -> list[str]:
-    """Each run's label is its arm and the values of the swept keys (`padded max_seq_len=128`); runs
-    still alike (repeats, runs without a config) add their directory's name. Returns the swept keys."""
-    keys = swept_keys(runs)
-    for run in runs:
-        flat = _flat(run.config)
-        swept = " ".join(f"{key.split('.')[-1]}={flat.get(key)}" for key in keys)
-        run.label = f"{run.arm} {swept}".strip() if run.config else run.path.name
+def label_runs(arms: list[Arm]) -> None:
+    """Each run's label (the run table's first column) is its arm's, plus its seed when the compared
+    runs' seeds differ (`bestfit max_seq_len=128 seed=2`); runs still alike (repeats of one seed,
+    runs without a config) add their directory's name."""
+    runs = [run for arm in arms for run in arm.runs]
+    seeded = len({repr(run.config.get(SEED)) for run in runs}) > 1
+    for arm in arms:
+        for run in arm.runs:
+            run.label = arm.label + (f" seed={run.config.get(SEED)}" if seeded and run.config else "")
     counts = Counter(run.label for run in runs)
     for run in runs:
         if counts[run.label] > 1:
             run.label = f"{run.label} ({run.path.name})"
-    return keys
 
 
-def run_styles(runs: list[Run], keys: list[str]) -> tuple[list[str], list[Any]]:
-    """(colour, line style) per run: the colour is its arm's, the style that of its swept values."""
-    combos = [tuple(repr(_flat(run.config).get(key)) for key in keys) for run in runs]
+def arm_styles(arms: list[Arm], keys: list[str]) -> tuple[list[str], list[Any]]:
+    """(colour, line style) per arm: the colour is its layout's, the style that of the values of the
+    other keys the arms differ in."""
+    combos = [tuple(repr(flat_config(arm.config).get(key)) for key in keys) for arm in arms]
     order = list(dict.fromkeys(combos))
-    palette = arm_colors([run.arm for run in runs])
-    colors = [palette[run.arm] for run in runs]
+    palette = arm_colors([arm.layout for arm in arms])
+    colors = [palette[arm.layout] for arm in arms]
     return colors, [LINE_STYLES[order.index(combo) % len(LINE_STYLES)] for combo in combos]
 
 
@@ -274,7 +250,8 @@ def check_output(output: Path) -> None:
 
 @dataclass
 class Bar:
-    """One row of the bottom panels: a trained run, or (single run) a layout it is compared with."""
+    """One row of the bottom panels: an arm (its seeds' mean and band), or (single run) a layout it is
+    compared with."""
 
     label: str
     color: str
@@ -283,24 +260,33 @@ class Bar:
     truncated_pairs: float
     tokens_per_sec: float
     trained: bool = True
+    waste_band: tuple[float, float] | None = None  # over the arm's seeds (n >= 2)
+    speed_band: tuple[float, float] | None = None
 
 
-def bars(runs: list[Run], colors: list[str]) -> list[Bar]:
-    """The trained runs (measured waste, their layout's truncation); for a single run also the other
-    layouts on its data at its max_seq_len (hatched in the figure: computed, not trained)."""
-    rows = [
-        Bar(
-            run.label,
-            color,
-            run.mean("train/padding_waste"),
-            run.truncated_fraction(),
-            run.layouts.get(run.arm, {}).get("truncated_pairs", math.nan),
-            run_numbers(run)["tokens_per_sec"],
-        )
-        for run, color in zip(runs, colors, strict=True)
-    ]
-    if len(runs) == 1:
-        (run,) = runs
+def _arm_bar(arm: Arm, color: str) -> Bar:
+    waste = summarize([run.mean("train/padding_waste") for run in arm.runs])
+    speed = summarize([run_numbers(run)["tokens_per_sec"] for run in arm.runs])
+    pairs = [run.layouts.get(run.arm, {}).get("truncated_pairs", math.nan) for run in arm.runs]
+    return Bar(
+        arm.label,
+        color,
+        waste.mean,
+        summarize([run.truncated_fraction() for run in arm.runs]).mean,
+        summarize(pairs).mean,
+        speed.mean,
+        waste_band=waste.band() if waste.n >= 2 else None,
+        speed_band=speed.band() if speed.n >= 2 else None,
+    )
+
+
+def bars(arms: list[Arm], colors: list[str]) -> list[Bar]:
+    """The arms (measured waste and speed, their layout's truncation: means over seeds, with the band);
+    for a single run also the other layouts on its data at its max_seq_len (hatched in the figure:
+    computed, not trained)."""
+    rows = [_arm_bar(arm, color) for arm, color in zip(arms, colors, strict=True)]
+    if len(arms) == 1 and arms[0].n == 1:
+        (run,) = arms[0].runs
         palette = arm_colors(list(run.layouts))
         for arm, layout in run.layouts.items():
             if arm != run.arm:
@@ -329,68 +315,128 @@ def _truncation_text(row: Bar) -> str:
     return percent(row.truncated) + (f" ({row.truncated_pairs:,.0f})" if row.truncated > 0 else "")
 
 
-def figure(runs: list[Run]):
-    """The comparison figure (not saved): loss against real tokens and against training time, colour
-    by arm and line style by the swept keys' values; below, per run (and for a single run per layout
-    on its data) padding waste, truncated prediction pairs and real tokens per second."""
+def _legend_label(arm: Arm) -> str:
+    return _wrapped(arm.label + (f" (n={arm.n}, {band_name(arm.n)})" if arm.n >= 2 else ""))
+
+
+def _draw_arm(ax, arm: Arm, attribute: str, color: str, style: Any) -> None:
+    """One arm on a loss panel: a single run's own train curve and validation dots; several seeds'
+    mean train curve with its band (read off x values every seed covers: nothing extrapolated) and
+    the mean of their k-th validations with the band as error bars."""
+    trains = [getattr(run, attribute).get(LOSS, []) for run in arm.runs]
+    vals = [getattr(run, attribute).get("val/loss", []) for run in arm.runs]
+    if arm.n == 1:
+        train, val = np.array(trains[0]), np.array(vals[0])
+        if len(train):
+            ax.plot(
+                train[:, 0], train[:, 1], color=color, linestyle=style, alpha=0.85, label=_legend_label(arm)
+            )
+        if len(val):
+            ax.plot(val[:, 0], val[:, 1], "o", color=color, markersize=5)
+        return
+    curve = mean_curve(trains)
+    if curve is not None:
+        ax.plot(curve.x, curve.mean, color=color, linestyle=style, alpha=0.9, label=_legend_label(arm))
+        ax.fill_between(curve.x, curve.low, curve.high, color=color, alpha=0.2, linewidth=0)
+    dots = mean_points(vals)
+    if dots is not None:
+        ax.errorbar(
+            dots.x,
+            dots.mean,
+            yerr=[dots.mean - dots.low, dots.high - dots.mean],
+            fmt="o",
+            color=color,
+            markersize=5,
+            capsize=3,
+        )
+
+
+def figure(runs: list[Run], arms: list[Arm] | None = None):
+    """The comparison figure (not saved): loss against real tokens and against training time, one
+    line per arm (a single seed's curve, or the seeds' mean with a band), colour by layout and line
+    style by the values of the other keys the arms differ in; below, per arm (and for a single run
+    per layout on its data) padding waste, truncated prediction pairs and real tokens per second."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import PercentFormatter
 
-    keys = label_runs(runs)
-    colors, styles = run_styles(runs, keys)
+    arms = arms if arms is not None else group_arms(runs)
+    keys = swept_keys([arm.runs[0] for arm in arms], ignored=(SEED,))
+    colors, styles = arm_styles(arms, keys)
     # Constrained layout makes room for the legend and long labels (tight_layout warned when it could not).
     fig = plt.figure(figsize=(16, 10), layout="constrained")
     grid = fig.add_gridspec(2, 6, height_ratios=[1.3, 1])
     swept = ", ".join(key.split(".")[-1] for key in keys)
+    seeded = any(arm.n >= 2 for arm in arms)
     fig.suptitle(
         "what packing buys: colour = policy"
         + (f", line style = {swept}" if swept else "")
-        + "; lines: train loss, dots: validation loss",
+        + "; lines: train loss, dots: validation loss"
+        + (
+            f"\narms of several seeds: their mean, band min-max for n <= {BAND_MIN_MAX_UP_TO} seeds, "
+            "+-1 std above (bars: error bars)"
+            if seeded
+            else ""
+        ),
         fontsize=11,
     )
     loss_axes = []
     for column, (xlabel, attribute) in enumerate(((TOKENS_AXIS, "series"), (TIME_AXIS, "by_time"))):
         ax = fig.add_subplot(grid[0, 3 * column : 3 * column + 3])
-        for run, color, style in zip(runs, colors, styles, strict=True):
-            series = getattr(run, attribute)
-            train = np.array(series.get(LOSS, []))
-            if len(train):
-                label = _wrapped(run.label)
-                ax.plot(train[:, 0], train[:, 1], color=color, linestyle=style, alpha=0.85, label=label)
-            val = np.array(series.get("val/loss", []))
-            if len(val):
-                ax.plot(val[:, 0], val[:, 1], "o", color=color, markersize=5)
+        for arm, color, style in zip(arms, colors, styles, strict=True):
+            _draw_arm(ax, arm, attribute, color, style)
         short = xlabel.split(" (")[0]
         ax.set(xlabel=xlabel, ylabel="loss (nats per target)", title=f"loss against {short}")
         if not ax.lines:
             ax.text(0.5, 0.5, f"no {short} logged", ha="center", transform=ax.transAxes)
         loss_axes.append(ax)
-    # The runs' legend beside the right-hand loss panel, or the left one when no wall time was logged.
+    # The arms' legend beside the right-hand loss panel, or the left one when no wall time was logged.
     labelled = [ax for ax in loss_axes if ax.get_legend_handles_labels()[0]]
     if labelled and labelled[-1] is loss_axes[-1]:
-        labelled[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), title="run")
+        labelled[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), title="arm")
     elif labelled:  # inside the left panel: outside it would cover the right one
-        labelled[-1].legend(fontsize=8, loc="upper right", title="run")
-    rows = bars(runs, colors)
+        labelled[-1].legend(fontsize=8, loc="upper right", title="arm")
+    rows = bars(arms, colors)
     y = np.arange(len(rows))
-    layouts = f"\n(at max_seq_len {runs[0].max_seq_len}; hatched: layout only)" if len(runs) == 1 else ""
+    single = len(runs) == 1
+    layouts = f"\n(at max_seq_len {runs[0].max_seq_len}; hatched: layout only)" if single else ""
     panels = (
-        (WASTE_TITLE + layouts, [r.waste for r in rows], [percent(r.waste) for r in rows], True),
-        (TRUNCATION_TITLE + layouts, [r.truncated for r in rows], [_truncation_text(r) for r in rows], True),
+        (
+            WASTE_TITLE + layouts,
+            [r.waste for r in rows],
+            [percent(r.waste) for r in rows],
+            True,
+            "waste_band",
+        ),
+        (
+            TRUNCATION_TITLE + layouts,
+            [r.truncated for r in rows],
+            [_truncation_text(r) for r in rows],
+            True,
+            None,
+        ),
         (
             SPEED_TITLE,
             [r.tokens_per_sec for r in rows],
             [f"{r.tokens_per_sec:,.0f}" if r.trained else "not trained" for r in rows],
             False,
+            "speed_band",
         ),
     )
-    for column, (title, values, texts, fraction) in enumerate(panels):
+    for column, (title, values, texts, fraction, band) in enumerate(panels):
         ax = fig.add_subplot(grid[1, 2 * column : 2 * column + 2])
         drawn = [v if math.isfinite(v) else 0.0 for v in values]
-        bar_set = ax.barh(y, drawn, color=[r.color for r in rows])
+        bands = [getattr(r, band) if band else None for r in rows]
+        errors = None
+        if any(bands):  # the seeds' band around the arm's mean
+            errors = np.array(
+                [[v - b[0], b[1] - v] if b else [0.0, 0.0] for v, b in zip(drawn, bands, strict=True)]
+            ).T
+        bar_set = ax.barh(
+            y, drawn, color=[r.color for r in rows], xerr=errors, capsize=3 if errors is not None else 0
+        )
         for bar, row in zip(bar_set, rows, strict=True):
             if not row.trained:
                 bar.set_hatch("//")
@@ -399,7 +445,7 @@ def figure(runs: list[Run]):
         ax.invert_yaxis()  # the legend's order, top to bottom
         ax.set_title(title, fontsize=10)
         ax.bar_label(bar_set, labels=texts, fontsize=7, padding=2)
-        top = max(drawn, default=0.0)
+        top = max([*drawn, *(b[1] for b in bands if b)], default=0.0)
         if fraction:  # room for the labels; an all-zero panel reads 0-5%, none goes past 100%
             ax.set_xlim(0, max(top * 1.4, 0.05))
             if top * 1.4 > 1:
@@ -410,10 +456,10 @@ def figure(runs: list[Run]):
     return fig
 
 
-def plot(runs: list[Run], output: Path) -> None:
+def plot(runs: list[Run], output: Path, arms: list[Arm] | None = None) -> None:
     import matplotlib.pyplot as plt
 
-    fig = figure(runs)
+    fig = figure(runs, arms)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=100)
     plt.close(fig)
@@ -426,12 +472,24 @@ def plot_run(run_dir: Path) -> Path:
 
 
 def compare(
-    directories: list[Path], output: Path | None = None, quiet: bool = False, wandb: bool = False
+    directories: list[Path],
+    output: Path | None = None,
+    quiet: bool = False,
+    wandb: bool = False,
+    reference: str | None = None,
+    at_tokens: float | None = None,
+    at_seconds: float | None = None,
 ) -> Path:
-    """Write the comparison PNG (and a .md table beside it); returns the PNG path. `wandb=True` also
-    logs the table and the plot into one W&B run of the compared runs' group (`log_to_wandb`)."""
+    """Write the comparison PNG (and a .md table beside it: the arms' table, then one row per run);
+    returns the PNG path. Runs that differ only in `seed` are one arm (arms.py); `reference` names the
+    arm the others are compared with, `at_tokens` / `at_seconds` the x of the interpolated val loss
+    (arm_table.py). `wandb=True` also logs the tables and the plot into one W&B run of the compared
+    runs' group (`log_to_wandb`)."""
     output = Path(output) if output else Path(directories[0]) / "compare.png"
     check_output(output)
+    for option, value in (("--at-tokens", at_tokens), ("--at-seconds", at_seconds)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{option} {value} must be a positive number")
     runs = [load_run(path) for path in find_runs([Path(d) for d in directories])]
     for run in runs:
         if not run.series.get(LOSS):
@@ -440,16 +498,20 @@ def compare(
     if not runs:
         where = " ".join(str(d) for d in directories)
         raise ConfigError(f"no run under {where} has logged {LOSS} yet: nothing to compare")
+    arms = group_arms(runs)
+    reference_arm(arms, reference)  # an unknown --reference stops before the slow work
     for run in runs:  # a single run: what the other layouts would waste and truncate on its data
         run.layouts = layout_statistics(run, layout_arms() if len(runs) == 1 else None)
-    plot(runs, output)
-    table = markdown_table(runs)
-    output.with_suffix(".md").write_text(table)
+    plot(runs, output, arms)
+    label_runs(arms)
+    arms_table = arm_table(arms, reference, at_tokens, at_seconds)
+    table = markdown(arms_table) + "\n## runs\n\n" + markdown_table(runs)
+    write_text_atomic(output.with_suffix(".md"), table)
     if not quiet:
         print(table)
         print(f"plot: {output.resolve()}")
     if wandb:
-        where = log_to_wandb(runs, output)
+        where = log_to_wandb(runs, output, arms=arms_table)
         if not quiet:
             print(f"W&B: {where}")
     return output.resolve()
@@ -498,9 +560,11 @@ def log_to_wandb(
     project: str | None = None,
     entity: str | None = None,
     mode: str | None = None,
+    arms: ArmTable | None = None,
 ) -> str:
-    """Log the comparison table (`compare/table`, a `wandb.Table` with COLUMNS) and plot
-    (`compare/plot`) into a new W&B run `compare-<group>` (job type `compare`) of the runs' group.
+    """Log the comparison tables (`compare/arms`, a `wandb.Table` with arm_table.WANDB_COLUMNS, one
+    row per metric and arm; `compare/table`, one row per run with COLUMNS) and plot (`compare/plot`)
+    into a new W&B run `compare-<group>` (job type `compare`) of the runs' group.
     Project and entity default to the runs' own; offline without an API key. Returns the run's URL
     (online) or its local directory (offline: `wandb sync DIR` uploads it later)."""
     import wandb
@@ -525,13 +589,22 @@ def log_to_wandb(
         job_type="compare",
         dir=str(Path(plot_path).resolve().parent),
         mode=mode,  # type: ignore[arg-type]
-        config={"runs": [str(run.path) for run in runs], "groups": dict(groups)},
+        config={
+            "runs": [str(run.path) for run in runs],
+            "groups": dict(groups),
+            "reference": arms.reference.label if arms and arms.reference else None,
+        },
         reinit="create_new",
     )
     try:
         experiment.log(
             {
                 "compare/table": wandb.Table(columns=list(COLUMNS), data=rows),
+                **(
+                    {"compare/arms": wandb.Table(columns=list(WANDB_COLUMNS), data=wandb_rows(arms))}
+                    if arms
+                    else {}
+                ),
                 PLOT_KEY: wandb.Image(str(plot_path)),
             }
         )

@@ -1,0 +1,236 @@
+"""The arms' table: each metric's mean, std and n over an arm's seeds, and each arm's difference to a
+reference arm with whether it exceeds 2 standard errors (statistics.py: Welch-style, seeds unpaired).
+
+The metrics, per run, then summarized over the arm's seeds:
+* final train loss and final val loss (the last logged value);
+* val loss at a common real-token count: by default the largest count every run reached in validation
+  (`--at-tokens N` chooses it), read linearly between the two validations around it;
+* val loss at a common training time (seconds of data + update steps, validation left out, as the
+  figure's time axis): by default the longest every run reached in validation (`--at-seconds S`);
+* real tokens/s (the run's median) and padding waste (the run's mean).
+A run without a value (it never validated, or its validations do not span the chosen x: it stopped
+short of it or first validated after it; nothing is extrapolated) is left out of that metric's n and
+named under its section.
+
+Reference: `--reference LABEL` (an arm's label as the table prints it), by default the first arm when
+there are several and none for a single arm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from ..training.run_record import LOSS, Run, run_numbers
+from .arms import Arm
+from .statistics import Difference, Summary, difference, interpolate_at, summarize
+
+VAL_LOSS = "val/loss"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One section of the table: what is measured per run, at which x, and how it is printed."""
+
+    name: str  # the section's heading (says which x)
+    value: Callable[[Run], float]
+    fmt: str = "{:.4f}"
+    diff_fmt: str = "{:+.4f}"
+    at: float | None = None  # the x it is read at: real tokens or training seconds
+    missing: str = "no value"  # why a run has none, for the runs left out
+
+
+@dataclass(frozen=True)
+class Row:
+    arm: Arm
+    summary: Summary
+    difference: Difference | None  # None: the reference itself, or no reference
+
+
+@dataclass(frozen=True)
+class Section:
+    metric: Metric
+    rows: list[Row]
+    left_out: list[Run]  # runs without a value for this metric
+
+
+@dataclass(frozen=True)
+class ArmTable:
+    sections: list[Section]
+    reference: Arm | None
+
+
+def common_reach(runs: list[Run], attribute: str) -> float:
+    """The largest x (`series`: real tokens, `by_time`: training seconds) every run that validated
+    reached in validation: the smallest of their last validations' x; nan when none validated."""
+    reached = [
+        getattr(run, attribute)[VAL_LOSS][-1][0] for run in runs if getattr(run, attribute).get(VAL_LOSS)
+    ]
+    return min(reached, default=math.nan)
+
+
+def metrics(runs: list[Run], at_tokens: float | None = None, at_seconds: float | None = None) -> list[Metric]:
+    """The table's metrics; the interpolated ones at `at_tokens` / `at_seconds` or at the runs'
+    common reach."""
+    tokens = float(at_tokens) if at_tokens is not None else common_reach(runs, "series")
+    seconds = float(at_seconds) if at_seconds is not None else common_reach(runs, "by_time")
+    tokens_how = "--at-tokens" if at_tokens is not None else "the most every run reached in validation"
+    seconds_how = "--at-seconds" if at_seconds is not None else "the longest every run reached in validation"
+    tokens_at = f"{tokens:,.0f} real tokens"
+    seconds_at = f"{seconds:,.1f} training seconds"
+    if not math.isfinite(tokens):
+        tokens_at, tokens_how = "a common real-token count", "no run validated"
+    if not math.isfinite(seconds):
+        seconds_at, seconds_how = "a common training time", "no run validated with step seconds logged"
+    return [
+        Metric("final train loss", lambda run: run.last(LOSS), missing="no train/loss"),
+        Metric("final val loss", lambda run: run.last(VAL_LOSS), missing="never validated"),
+        Metric(
+            f"val loss at {tokens_at} (interpolated; {tokens_how})",
+            lambda run: interpolate_at(run.series.get(VAL_LOSS, []), tokens),
+            at=tokens,
+            missing=f"validations do not span {tokens_at}: not extrapolated",
+        ),
+        Metric(
+            f"val loss at {seconds_at} (interpolated; {seconds_how})",
+            lambda run: interpolate_at(run.by_time.get(VAL_LOSS, []), seconds),
+            at=seconds,
+            missing=f"validations do not span {seconds_at}: not extrapolated",
+        ),
+        Metric(
+            "real tokens/s (median of the run)",
+            lambda run: run_numbers(run)["tokens_per_sec"],
+            fmt="{:,.0f}",
+            diff_fmt="{:+,.0f}",
+            missing="no train/tokens_per_sec",
+        ),
+        Metric(
+            "padding waste (mean of the run)",
+            lambda run: run.mean("train/padding_waste"),
+            fmt="{:.2%}",
+            diff_fmt="{:+.2%}",
+            missing="no train/padding_waste",
+        ),
+    ]
+
+
+def reference_arm(arms: list[Arm], label: str | None) -> Arm | None:
+    """The arm `--reference LABEL` names; without one the first arm, or none for a single arm."""
+    if label is None:
+        return arms[0] if len(arms) > 1 else None
+    for arm in arms:
+        if arm.label == label:
+            return arm
+    choices = "; ".join(repr(arm.label) for arm in arms)
+    raise ConfigError(f"--reference {label!r} is not one of the compared arms: choose one of {choices}")
+
+
+def arm_table(
+    arms: list[Arm],
+    reference: str | None = None,
+    at_tokens: float | None = None,
+    at_seconds: float | None = None,
+) -> ArmTable:
+    """Each metric's summary per arm and its difference to the reference arm."""
+    ref = reference_arm(arms, reference)
+    runs = [run for arm in arms for run in arm.runs]
+    sections = []
+    for metric in metrics(runs, at_tokens, at_seconds):
+        values = {id(run): metric.value(run) for run in runs}
+        summaries = {id(arm): summarize([values[id(run)] for run in arm.runs]) for arm in arms}
+        rows = [
+            Row(
+                arm,
+                summaries[id(arm)],
+                None if ref is None or arm is ref else difference(summaries[id(arm)], summaries[id(ref)]),
+            )
+            for arm in arms
+        ]
+        left_out = [run for run in runs if not math.isfinite(values[id(run)])]
+        sections.append(Section(metric, rows, left_out))
+    return ArmTable(sections, ref)
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+MARKDOWN_COLUMNS = ("arm", "n", "mean", "std", "diff vs reference", "SE of diff", "abs(diff) > 2 SE")
+WANDB_COLUMNS = ("metric", "at", "arm", "n", "mean", "std", "diff", "se", "exceeds_2se")
+"""The W&B table (`compare/arms`): one row per metric and arm, numbers as numbers (None: n/a)."""
+
+
+def _number(fmt: str, value: float) -> str:
+    return fmt.format(value) if math.isfinite(value) else "n/a"
+
+
+def _decision(row: Row) -> str:
+    if row.difference is None:
+        return ""
+    if row.difference.exceeds is None:
+        return "n<2"
+    return "yes" if row.difference.exceeds else "no"
+
+
+def markdown(table: ArmTable) -> str:
+    """One section per metric (its heading says at which x), then the runs it left out."""
+    ref = table.reference
+    lines = [
+        "## arms (runs that differ only in seed; n = seeds)",
+        "",
+        (
+            f"reference: `{ref.label}`; diff = arm mean - reference mean, SE = sqrt(s1^2/n1 + s2^2/n2) "
+            "(Welch-style, seeds unpaired), abs(diff) > 2 SE decided only when both arms have n >= 2; "
+            "std: sample standard deviation over the arm's seeds"
+            if ref
+            else "one arm: no reference to compare with; std: sample standard deviation over its seeds"
+        ),
+    ]
+    for section in table.sections:
+        metric = section.metric
+        lines += ["", f"### {metric.name}", "", "| " + " | ".join(MARKDOWN_COLUMNS) + " |"]
+        lines.append("|---" * len(MARKDOWN_COLUMNS) + "|")
+        for row in section.rows:
+            summary, diff = row.summary, row.difference
+            if diff is None:
+                diff_cells = ["reference" if row.arm is ref else "", "", ""]
+            else:
+                diff_cells = [
+                    _number(metric.diff_fmt, diff.diff),
+                    _number(metric.fmt, diff.se),
+                    _decision(row),
+                ]
+            cells = [row.arm.label, str(summary.n), _number(metric.fmt, summary.mean)]
+            cells += [_number(metric.fmt, summary.std), *diff_cells]
+            lines.append("| " + " | ".join(cells) + " |")
+        if section.left_out:
+            names = ", ".join(str(run.path) for run in section.left_out)
+            lines += ["", f"left out ({metric.missing}): {names}"]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def wandb_rows(table: ArmTable) -> list[list]:
+    """The markdown table's content in WANDB_COLUMNS order, one row per metric and arm."""
+    rows = []
+    for section in table.sections:
+        metric = section.metric
+        for row in section.rows:
+            diff = row.difference
+            rows.append(
+                [
+                    metric.name,
+                    None if metric.at is None else _cell(metric.at),
+                    row.arm.label,
+                    row.summary.n,
+                    _cell(row.summary.mean),
+                    _cell(row.summary.std),
+                    None if diff is None else _cell(diff.diff),
+                    None if diff is None else _cell(diff.se),
+                    None if diff is None else diff.exceeds,
+                ]
+            )
+    return rows

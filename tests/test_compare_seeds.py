@@ -1,0 +1,428 @@
+"""Seed-aware `pretrain compare`: runs that differ only in `seed` form one arm; the arms' table gives
+mean, std and n (interpolated val loss at a common real-token count and training time included) and
+each arm's Welch difference to a reference arm. Runs are hand-written (config.yaml, metrics.csv) with
+known numbers: nothing trains, no cache is read."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import yaml
+from wandb_records import OfflineRun, finished_run_file
+
+from pretrain.cli import main, parse_args
+from pretrain.errors import ConfigError
+from pretrain.report.arm_table import WANDB_COLUMNS, arm_table, common_reach, markdown
+from pretrain.report.arms import group_arms
+from pretrain.report.compare import compare, figure, find_runs, load_run
+from pretrain.report.statistics import (
+    Summary,
+    difference,
+    interpolate_at,
+    mean_curve,
+    mean_points,
+    summarize,
+)
+
+A, B, C = "padded max_seq_len=64", "bestfit max_seq_len=64", "padded max_seq_len=128"
+
+
+def write_run(
+    directory: Path,
+    *,
+    policy: str,
+    seed: int,
+    max_seq_len: int = 64,
+    lr: float = 0.01,
+    train_loss: float,
+    val: tuple[float, float],
+    tokens_per_step: float = 100.0,
+    step_seconds: float = 1.0,
+    waste: float = 0.0,
+    speed: float = 1000.0,
+    **layout: object,
+) -> Path:
+    """A 4-step run: train/loss falls by 0.1 per step to `train_loss`, validation at steps 2 and 4
+    (`val`), `tokens_per_step` real tokens and `step_seconds` seconds per step."""
+    directory.mkdir(parents=True)
+    config = {
+        "seed": seed,
+        "experiment_name": f"study-{seed}",  # names a run: never splits an arm
+        "output_dir": str(directory),
+        "cache_root": str(directory / "cache"),  # a place, not a setting: never splits an arm
+        "data": {"policy": policy, "max_seq_len": max_seq_len, **layout},
+        "train": {"batch_size": 4, "lr": lr},
+    }
+    (directory / "config.yaml").write_text(yaml.safe_dump(config))
+    lines = [
+        "step,train/loss,train/tokens,train/step_seconds,train/tokens_per_sec,train/padding_waste,val/loss"
+    ]
+    for step in range(1, 5):
+        loss = train_loss + 0.1 * (4 - step)
+        validation = {2: val[0], 4: val[1]}.get(step, "")
+        lines.append(f"{step},{loss},{tokens_per_step * step},{step_seconds},{speed},{waste},{validation}")
+    (directory / "metrics.csv").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+@pytest.fixture
+def study(tmp_path) -> Path:
+    """Three arms: padded and bestfit at max_seq_len 64 (3 seeds each) and padded at 128 (one seed).
+
+    padded 64: 100 tokens/step (validations at 200 and 400 real tokens, at 2 and 4 s), final train
+      loss 3.1/3.2/3.3, val 4.0/4.2/4.4 then 3.0/3.2/3.4, waste 20/25/30%, 1000/1100/1200 tokens/s;
+    bestfit 64: 125 tokens/step (validations at 250 and 500), final train loss 2.5/2.6/2.7,
+      val 3.9/4.0/4.1 then 2.9/3.0/3.1, no waste, 900 tokens/s;
+    padded 128: 75 tokens/step and 0.75 s/step: its last validation, at 300 real tokens and 3 s, is
+      the most every run reached."""
+    root = tmp_path / "multirun"
+    job = 0
+    for seed, (train, val, waste, speed) in enumerate(
+        [
+            (3.1, (4.0, 3.0), 0.20, 1000.0),
+            (3.2, (4.2, 3.2), 0.25, 1100.0),
+            (3.3, (4.4, 3.4), 0.30, 1200.0),
+        ],
+        start=1,
+    ):
+        write_run(
+            root / str(job), policy="padded", seed=seed, train_loss=train, val=val, waste=waste, speed=speed
+        )
+        job += 1
+    for seed, (train, val) in enumerate([(2.5, (3.9, 2.9)), (2.6, (4.0, 3.0)), (2.7, (4.1, 3.1))], start=1):
+        write_run(
+            root / str(job),
+            policy="bestfit",
+            seed=seed,
+            train_loss=train,
+            val=val,
+            tokens_per_step=125.0,
+            speed=900,
+        )
+        job += 1
+    write_run(
+        root / str(job),
+        policy="padded",
+        seed=1,
+        max_seq_len=128,
+        train_loss=3.0,
+        val=(3.8, 2.8),
+        tokens_per_step=75.0,
+        step_seconds=0.75,
+    )
+    return root
+
+
+def _arms(root: Path):
+    return group_arms([load_run(path) for path in find_runs([root])])
+
+
+def _rows(table, heading: str) -> dict:
+    (section,) = [s for s in table.sections if s.metric.name.startswith(heading)]
+    return {row.arm.label: row for row in section.rows}
+
+
+def test_runs_that_differ_only_in_seed_are_one_arm_labelled_by_what_differs(study):
+    arms = _arms(study)
+    assert [(arm.label, arm.n) for arm in arms] == [(A, 3), (B, 3), (C, 1)]
+    assert arms[0].seeds == [1, 2, 3]
+    # another key (here train.lr) makes another arm, named by that key
+    write_run(study / "7", policy="padded", seed=4, lr=0.1, train_loss=3.0, val=(4.0, 3.0))
+    arms = _arms(study)
+    assert [(arm.label, arm.n) for arm in arms] == [
+        ("padded max_seq_len=64 lr=0.01", 3),
+        ("bestfit max_seq_len=64 lr=0.01", 3),
+        ("padded max_seq_len=128 lr=0.01", 1),
+        ("padded max_seq_len=64 lr=0.1", 1),
+    ]
+
+
+def test_a_composition_study_reads_as_its_arms_labelled_by_their_layouts(tmp_path):
+    """Arms as `experiment=composition_study` makes them (an `arm` choice of data options, `seed`
+    swept): a layout option at its default is named where it tells arms of one policy apart."""
+    layouts = [
+        ("prepacked", {"strategy": "concat", "document_mask": False}),
+        ("prepacked", {"strategy": "concat", "document_mask": True}),
+        ("prepacked", {"strategy": "bfd", "document_mask": True}),
+        ("bestfit", {}),
+        ("padded", {"pad_to": "longest"}),
+    ]
+    job = 0
+    for policy, layout in layouts:
+        for seed in (1, 2, 3):
+            write_run(tmp_path / str(job), policy=policy, seed=seed, train_loss=3.0, val=(4.0, 3.0), **layout)
+            job += 1
+    assert [(arm.label, arm.n) for arm in _arms(tmp_path)] == [
+        ("prepacked document_mask=false strategy=concat", 3),
+        ("prepacked document_mask=true strategy=concat", 3),
+        ("prepacked document_mask=true strategy=bfd", 3),
+        ("bestfit", 3),
+        ("padded pad_to=longest", 3),
+    ]
+
+
+def test_an_arm_name_in_the_config_neither_splits_nor_labels_an_arm(tmp_path):
+    for job, name in enumerate(("concat-nomask", "concat-nomask-again")):
+        path = write_run(tmp_path / str(job), policy="bestfit", seed=job, train_loss=3.0, val=(4.0, 3.0))
+        config = yaml.safe_load((path / "config.yaml").read_text())
+        (path / "config.yaml").write_text(yaml.safe_dump({**config, "arm_name": name}))
+    assert [(arm.label, arm.n) for arm in _arms(tmp_path)] == [("bestfit", 2)]
+
+
+def test_arms_alike_but_for_a_key_only_some_have_are_told_apart_by_it(tmp_path):
+    for job, buffer in enumerate((None, 64)):
+        path = write_run(tmp_path / str(job), policy="bestfit", seed=1, train_loss=3.0, val=(4.0, 3.0))
+        if buffer:
+            config = yaml.safe_load((path / "config.yaml").read_text())
+            config["data"]["packing_buffer"] = buffer
+            (path / "config.yaml").write_text(yaml.safe_dump(config))
+    assert [arm.label for arm in _arms(tmp_path)] == [
+        "bestfit data.packing_buffer=None",
+        "bestfit data.packing_buffer=64",
+    ]
+
+
+def test_the_table_gives_mean_std_n_and_interpolated_val_loss(study):
+    table = arm_table(_arms(study))
+    assert table.reference is not None and table.reference.label == A  # the first arm by default
+    final = _rows(table, "final val loss")
+    assert final[A].summary.n == 3
+    assert final[A].summary.mean == pytest.approx(3.2)
+    assert final[A].summary.std == pytest.approx(0.2)
+    assert final[B].summary.mean == pytest.approx(3.0) and final[B].summary.std == pytest.approx(0.1)
+    assert final[C].summary.n == 1 and math.isnan(final[C].summary.std)
+    train = _rows(table, "final train loss")
+    assert [train[arm].summary.mean for arm in (A, B, C)] == pytest.approx([3.2, 2.6, 3.0])
+    # the common real-token count: the most every run reached in validation (padded 128's 300)
+    runs = [run for arm in _arms(study) for run in arm.runs]
+    assert common_reach(runs, "series") == 300.0
+    (heading,) = [
+        s.metric.name
+        for s in table.sections
+        if s.metric.name.startswith("val loss at") and "tokens" in s.metric.name
+    ]
+    assert heading == "val loss at 300 real tokens (interpolated; the most every run reached in validation)"
+    at_tokens = _rows(table, "val loss at 300 real tokens")
+    # padded 64: halfway between 200 and 400 tokens; bestfit: 1/5 of the way from 250 to 500
+    assert at_tokens[A].summary.values == pytest.approx((3.5, 3.7, 3.9))
+    assert at_tokens[B].summary.values == pytest.approx((3.7, 3.8, 3.9))
+    assert at_tokens[C].summary.values == pytest.approx((2.8,))  # its own last validation
+    # the common training time: 3 s (padded 128: 4 steps of 0.75 s); halfway between 2 and 4 s for both
+    at_seconds = _rows(table, "val loss at 3.0 training seconds")
+    assert at_seconds[A].summary.mean == pytest.approx(3.7)
+    assert at_seconds[B].summary.values == pytest.approx((3.4, 3.5, 3.6))
+    speed, waste = _rows(table, "real tokens/s"), _rows(table, "padding waste")
+    assert (speed[A].summary.mean, speed[A].summary.std) == pytest.approx((1100.0, 100.0))
+    assert (waste[A].summary.mean, waste[A].summary.std) == pytest.approx((0.25, 0.05))
+    assert waste[B].summary.mean == 0.0 and waste[B].summary.std == 0.0
+
+
+def test_differences_to_the_reference_and_the_two_standard_error_decision(study):
+    table = arm_table(_arms(study))
+    train, final = _rows(table, "final train loss"), _rows(table, "final val loss")
+    assert train[A].difference is None  # the reference itself
+    # train loss: bestfit - padded = -0.6, SE = sqrt(0.1^2/3 + 0.1^2/3) = 0.0816: exceeded
+    diff = train[B].difference
+    assert diff is not None
+    assert (diff.diff, diff.se, diff.exceeds) == (
+        pytest.approx(-0.6),
+        pytest.approx(math.sqrt(0.02 / 3)),
+        True,
+    )
+    # val loss: -0.2, SE = sqrt(0.2^2/3 + 0.1^2/3) = 0.129: within 2 SE
+    diff = final[B].difference
+    assert diff is not None
+    assert (diff.diff, diff.se, diff.exceeds) == (
+        pytest.approx(-0.2),
+        pytest.approx(math.sqrt(0.05 / 3)),
+        False,
+    )
+    # a single-seed arm: the difference, no SE, no decision
+    diff = final[C].difference
+    assert diff is not None
+    assert diff.diff == pytest.approx(2.8 - 3.2) and math.isnan(diff.se) and diff.exceeds is None
+    text = markdown(table)
+    assert f"reference: `{A}`" in text and "Welch-style, seeds unpaired" in text
+    section = text.split("### final train loss")[1].split("###")[0]
+    assert f"| {A} | 3 | 3.2000 | 0.1000 | reference |  |  |" in section
+    assert f"| {B} | 3 | 2.6000 | 0.1000 | -0.6000 | 0.0816 | yes |" in section
+    assert f"| {C} | 1 | 3.0000 | n/a | -0.2000 | n/a | n<2 |" in section
+    section = text.split("### final val loss")[1].split("###")[0]
+    assert f"| {B} | 3 | 3.0000 | 0.1000 | -0.2000 | 0.1291 | no |" in section
+    # another reference: the differences turn around
+    other = _rows(arm_table(_arms(study), reference=B), "final train loss")
+    assert other[B].difference is None and other[A].difference.diff == pytest.approx(0.6)
+
+
+def test_an_unknown_reference_is_a_clear_error(study):
+    with pytest.raises(ConfigError) as error:
+        arm_table(_arms(study), reference="padded")
+    assert str(error.value) == (
+        f"--reference 'padded' is not one of the compared arms: choose one of '{A}'; '{B}'; '{C}'"
+    )
+
+
+def test_a_run_short_of_the_chosen_x_is_left_out_and_named_not_extrapolated(study):
+    table = arm_table(_arms(study), at_tokens=450, at_seconds=1.0)
+    at_tokens = _rows(table, "val loss at 450 real tokens (interpolated; --at-tokens)")
+    assert at_tokens[A].summary.n == 0 and math.isnan(at_tokens[A].summary.mean)  # reached 400 only
+    assert at_tokens[B].summary.values == pytest.approx((3.1, 3.2, 3.3))  # 4/5 of the way to 500
+    assert at_tokens[C].summary.n == 0
+    at_seconds = _rows(table, "val loss at 1.0 training seconds")  # before every run's first validation
+    assert all(row.summary.n == 0 for row in at_seconds.values())
+    text = markdown(table)
+    left_out = [
+        line for line in text.splitlines() if line.startswith("left out (validations do not span 450")
+    ]
+    assert left_out == [
+        "left out (validations do not span 450 real tokens: not extrapolated): "
+        + ", ".join(str(study / job) for job in ("0", "1", "2", "6"))
+    ]
+    assert (  # every run first validated after 1 s
+        "left out (validations do not span 1.0 training seconds: not extrapolated): "
+        + ", ".join(str(study / str(job)) for job in range(7))
+    ) in text.splitlines()
+
+
+def test_the_figure_draws_each_arm_as_the_mean_of_its_seeds_with_a_band(study):
+    runs = [load_run(path) for path in find_runs([study])]
+    fig = figure(runs)
+    axes = {ax.get_title(): ax for ax in fig.axes}
+    tokens, seconds = axes["loss against real tokens seen"], axes["loss against training seconds"]
+    assert "band min-max for n <= 3 seeds, +-1 std above" in fig.get_suptitle()
+    legend = [text.get_text() for text in seconds.get_legend().get_texts()]
+    assert legend == [f"{A} (n=3, min-max)", f"{B} (n=3, min-max)", C]
+    lines = {line.get_label(): line for line in tokens.lines if not line.get_label().startswith("_")}
+    mean = lines[f"{A} (n=3, min-max)"]
+    # padded 64's seeds share their x (100..400 tokens); the mean train loss is 3.2 + 0.1 * (4 - step)
+    assert mean.get_xdata()[0] == 100.0 and mean.get_xdata()[-1] == 400.0
+    assert mean.get_ydata()[0] == pytest.approx(3.5) and mean.get_ydata()[-1] == pytest.approx(3.2)
+    assert lines[C].get_xdata().tolist() == [75.0, 150.0, 225.0, 300.0]  # one seed: its own curve
+    # validation dots: the mean of the seeds' k-th validations (padded 64: 4.2 at 200, 3.2 at 400 tokens)
+    dots = {
+        (tuple(line.get_xdata()), tuple(np.round(line.get_ydata(), 6)))
+        for line in tokens.lines
+        if line.get_marker() == "o"
+    }
+    assert dots == {((200.0, 400.0), (4.2, 3.2)), ((250.0, 500.0), (4.0, 3.0)), ((150.0, 300.0), (3.8, 2.8))}
+    bands = tokens.collections  # fill_between per seeded arm, error bars of their validation dots
+    assert len([c for c in bands if type(c).__name__ == "FillBetweenPolyCollection"]) == 2
+    plt.close(fig)
+
+
+def test_mean_curve_band_is_min_max_up_to_three_seeds_then_one_std():
+    flat = [[(0.0, y), (10.0, y)] for y in (1.0, 2.0, 4.0)]
+    curve = mean_curve(flat)
+    assert curve is not None
+    assert np.allclose(curve.mean, 7 / 3) and np.allclose(curve.low, 1.0) and np.allclose(curve.high, 4.0)
+    four = mean_curve([[(0.0, y), (10.0, y)] for y in (1.0, 2.0, 3.0, 4.0)])
+    assert four is not None
+    std = np.std([1.0, 2.0, 3.0, 4.0], ddof=1)
+    assert np.allclose(four.low, 2.5 - std) and np.allclose(four.high, 2.5 + std)
+    # only the x range every seed covers: nothing extrapolated
+    shifted = mean_curve([[(0.0, 1.0), (10.0, 2.0)], [(5.0, 1.0), (20.0, 1.0)]])
+    assert shifted is not None and (shifted.x[0], shifted.x[-1]) == (5.0, 10.0)
+    assert shifted.mean[0] == pytest.approx(1.25)  # (1.5 + 1.0) / 2
+    assert mean_curve([[(0.0, 1.0), (1.0, 1.0)], [(2.0, 1.0), (3.0, 1.0)]]) is None  # no common x
+
+
+def test_mean_points_average_the_seeds_kth_validations_and_keep_the_last():
+    seeds = [[(100.0, 4.0), (300.0, 3.0)], [(110.0, 4.2), (290.0, 3.4)], [(105.0, 4.4)]]
+    dots = mean_points(seeds[:2])
+    assert dots is not None
+    assert dots.x.tolist() == [105.0, 295.0] and dots.mean.tolist() == pytest.approx([4.1, 3.2])
+    assert (dots.low.tolist(), dots.high.tolist()) == ([4.0, 3.0], [4.2, 3.4])  # min-max of two seeds
+    shorter = mean_points(seeds)  # a seed with one validation: only the first is shared
+    assert (
+        shorter is not None
+        and shorter.x.tolist() == [105.0]
+        and shorter.mean.tolist() == pytest.approx([4.2])
+    )
+    assert mean_points([[], [(1.0, 1.0)]]) is None
+
+
+def test_statistics_on_known_values():
+    assert interpolate_at([(100.0, 4.0), (300.0, 2.0)], 250.0) == pytest.approx(2.5)
+    assert interpolate_at([(100.0, 4.0), (300.0, 2.0)], 300.0) == 2.0
+    assert math.isnan(interpolate_at([(100.0, 4.0), (300.0, 2.0)], 301.0))
+    assert math.isnan(interpolate_at([(100.0, 4.0), (300.0, 2.0)], 99.0))
+    assert math.isnan(interpolate_at([], 1.0))
+    summary = summarize([1.0, math.nan, 3.0])  # a seed without the value is left out
+    assert (summary.n, summary.mean, summary.std) == (2, 2.0, pytest.approx(math.sqrt(2)))
+    assert summary.band() == (1.0, 3.0)
+    wide = difference(Summary((1.0, 3.0)), Summary((0.0, 0.0)))
+    assert (wide.diff, wide.se, wide.exceeds) == (2.0, 1.0, False)  # 2 SE exactly is not beyond
+    narrow = difference(Summary((1.0, 1.2)), Summary((0.0, 0.2)))
+    assert narrow.exceeds is True and narrow.se == pytest.approx(math.sqrt(0.02))
+    assert difference(Summary((1.0,)), Summary((0.0, 0.2))).exceeds is None
+
+
+def test_compare_writes_both_tables_and_logs_the_arms_table_to_wandb(study, tmp_path, monkeypatch):
+    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        (tmp_path / name).mkdir()
+        monkeypatch.setenv(name, str(tmp_path / name))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    png = compare([study], output=tmp_path / "out" / "cmp.png", quiet=True, wandb=True, reference=B)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    text = (tmp_path / "out" / "cmp.md").read_text()
+    assert text.startswith("## arms (runs that differ only in seed; n = seeds)")
+    runs_table = text.split("## runs\n\n")[1].splitlines()
+    assert len(runs_table) == 2 + 7  # header, rule, one row per run
+    labels = [line.split(" | ")[0].removeprefix("| ") for line in runs_table[2:]]
+    assert labels == [f"{A} seed={s}" for s in (1, 2, 3)] + [f"{B} seed={s}" for s in (1, 2, 3)] + [
+        f"{C} seed=1"
+    ]
+    run = OfflineRun(finished_run_file(tmp_path / "out" / "wandb"))
+    (row,) = [row for row in run.history if "compare/arms" in row]
+    content = json.loads((run.path.parent / "files" / row["compare/arms"]["path"]).read_text())
+    assert content["columns"] == list(WANDB_COLUMNS)
+    rows = [dict(zip(WANDB_COLUMNS, r, strict=True)) for r in content["data"]]
+    assert len(rows) == 6 * 3  # six metrics x three arms
+    (padded,) = [r for r in rows if r["metric"] == "final train loss" and r["arm"] == A]
+    assert padded["n"] == 3 and padded["mean"] == pytest.approx(3.2) and padded["std"] == pytest.approx(0.1)
+    assert padded["diff"] == pytest.approx(0.6) and padded["exceeds_2se"] is True  # against bestfit
+    (single,) = [r for r in rows if r["metric"].startswith("val loss at 300 real tokens") and r["arm"] == C]
+    assert single["at"] == 300.0 and single["std"] is None and single["exceeds_2se"] is None
+    assert "compare/table" in row  # the per-run table stays
+    assert run.config_value("reference") == B
+
+
+def test_cli_reference_takes_a_label_with_spaces_and_an_unknown_one_is_one_error_line(
+    study, tmp_path, capsys
+):
+    args = parse_args(["compare", str(study), "--reference", B, "--at-tokens", "250", "output=x.png"])
+    assert (args.reference, args.at_tokens, args.output, args.dirs) == (B, 250.0, "x.png", [str(study)])
+    argv = ["compare", str(study), "--output", str(tmp_path / "c.png"), "--reference", "nope"]
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"error: --reference 'nope' is not one of the compared arms: choose one of '{A}'; '{B}'; '{C}'"
+    ]
+    assert not (tmp_path / "c.png").exists()  # refused before anything is drawn
+
+
+def test_a_multiruns_jobs_are_read_in_numeric_order_so_its_first_arm_is_the_reference(tmp_path):
+    for job, policy in ((10, "bestfit"), (2, "padded"), (1, "padded")):
+        write_run(tmp_path / str(job), policy=policy, seed=job, train_loss=3.0, val=(4.0, 3.0))
+    assert find_runs([tmp_path]) == [tmp_path / "1", tmp_path / "2", tmp_path / "10"]
+    arms = _arms(tmp_path)
+    assert [(arm.label, arm.n) for arm in arms] == [("padded", 2), ("bestfit", 1)]
+    assert arm_table(arms).reference is arms[0]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("at_tokens", 0.0), ("at_seconds", -1.0), ("at_tokens", math.nan)]
+)
+def test_a_chosen_x_must_be_a_positive_number(study, tmp_path, option, value):
+    flag = "--" + option.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"^{flag} {value} must be a positive number$"):
+        compare([study], output=tmp_path / "c.png", quiet=True, **{option: value})
+    assert not (tmp_path / "c.png").exists()
