@@ -222,6 +222,26 @@ def test_the_table_gives_mean_std_n_and_interpolated_val_loss(study):
     assert waste[B].summary.mean == 0.0 and waste[B].summary.std == 0.0
 
 
+def test_val_loss_at_a_common_optimizer_step_separates_updates_from_tokens(study, tmp_path):
+    """Every run validates at steps 2 and 4, whatever its real tokens per step: by default the row reads
+    step 4 (the last step every run validated at), `--at-step 3` reads halfway between them."""
+    table = arm_table(_arms(study))
+    at_last = _rows(table, "val loss at optimizer step 4 (interpolated; the last step every run validated")
+    assert at_last[A].summary.values == pytest.approx((3.0, 3.2, 3.4))
+    assert at_last[B].summary.values == pytest.approx((2.9, 3.0, 3.1))
+    at_three = _rows(
+        arm_table(_arms(study), at_step=3), "val loss at optimizer step 3 (interpolated; --at-step)"
+    )
+    assert at_three[A].summary.values == pytest.approx((3.5, 3.7, 3.9))
+    assert at_three[B].summary.values == pytest.approx((3.4, 3.5, 3.6))
+    assert at_three[C].summary.values == pytest.approx((3.3,))  # 3.8 at step 2, 2.8 at step 4
+    # through the command line, and refused when not a positive number
+    assert main(["compare", str(study), "--at-step", "3", "--output", str(tmp_path / "s.png")]) == 0
+    assert "### val loss at optimizer step 3 (interpolated; --at-step)" in (tmp_path / "s.md").read_text()
+    with pytest.raises(ConfigError, match="^--at-step 0.0 must be a positive number$"):
+        compare([study], output=tmp_path / "z.png", quiet=True, at_step=0.0)
+
+
 def test_differences_to_the_reference_and_the_two_standard_error_decision(study):
     table = arm_table(_arms(study))
     train, final = _rows(table, "final train loss"), _rows(table, "final val loss")
@@ -383,7 +403,7 @@ def test_compare_writes_both_tables_and_logs_the_arms_table_to_wandb(study, tmp_
     content = json.loads((run.path.parent / "files" / row["compare/arms"]["path"]).read_text())
     assert content["columns"] == list(WANDB_COLUMNS)
     rows = [dict(zip(WANDB_COLUMNS, r, strict=True)) for r in content["data"]]
-    assert len(rows) == 6 * 3  # six metrics x three arms
+    assert len(rows) == 7 * 3  # seven metrics x three arms
     (padded,) = [r for r in rows if r["metric"] == "final train loss" and r["arm"] == A]
     assert padded["n"] == 3 and padded["mean"] == pytest.approx(3.2) and padded["std"] == pytest.approx(0.1)
     assert padded["diff"] == pytest.approx(0.6) and padded["exceeds_2se"] is True  # against bestfit

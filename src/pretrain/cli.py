@@ -25,7 +25,7 @@ OUTPUT_SPELLING = "output="
 """`output=PATH` among the arguments means `--output PATH` (not a config key: no schema has `output`)."""
 
 
-VALUE_OPTIONS = ("--output", "--reference", "--at-tokens", "--at-seconds")
+VALUE_OPTIONS = ("--output", "--reference", "--at-tokens", "--at-seconds", "--at-step")
 """Options followed by their value: `_options_last` moves the pair together."""
 
 
@@ -124,6 +124,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         reference=args.reference,
         at_tokens=args.at_tokens,
         at_seconds=args.at_seconds,
+        at_step=args.at_step,
     )
     return 0
 
@@ -234,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="training seconds at which val loss is interpolated "
         "(default: the longest every run validated at)",
+    )
+    compare.add_argument(
+        "--at-step",
+        type=float,
+        metavar="N",
+        help="optimizer step at which val loss is interpolated "
+        "(default: the last step every run validated at)",
     )
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and bits per byte of a checkpoint")
     evaluate.add_argument("checkpoint", help="a .ckpt written by python train.py")

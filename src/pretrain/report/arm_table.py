@@ -7,6 +7,9 @@ The metrics, per run, then summarized over the arm's seeds:
   (`--at-tokens N` chooses it), read linearly between the two validations around it;
 * val loss at a common training time (seconds of data + update steps, validation left out, as the
   figure's time axis): by default the longest every run reached in validation (`--at-seconds S`);
+* val loss at a common optimizer step: by default the last step every run validated at
+  (`--at-step N`). At equal real tokens a layout with fewer real tokens per update (padding) has
+  taken more updates: this row separates the two;
 * real tokens/s (the run's median) and padding waste (the run's mean).
 A run without a value (it never validated, or its validations do not span the chosen x: it stopped
 short of it or first validated after it; nothing is extrapolated) is left out of that metric's n and
@@ -63,21 +66,32 @@ class ArmTable:
 
 
 def common_reach(runs: list[Run], attribute: str) -> float:
-    """The largest x (`series`: real tokens, `by_time`: training seconds) every run that validated
-    reached in validation: the smallest of their last validations' x; nan when none validated."""
+    """The largest x (`series`: real tokens, `by_time`: training seconds, `by_step`: optimizer steps)
+    every run that validated reached in validation: the smallest of their last validations' x; nan
+    when none validated."""
     reached = [
         getattr(run, attribute)[VAL_LOSS][-1][0] for run in runs if getattr(run, attribute).get(VAL_LOSS)
     ]
     return min(reached, default=math.nan)
 
 
-def metrics(runs: list[Run], at_tokens: float | None = None, at_seconds: float | None = None) -> list[Metric]:
-    """The table's metrics; the interpolated ones at `at_tokens` / `at_seconds` or at the runs'
-    common reach."""
+def metrics(
+    runs: list[Run],
+    at_tokens: float | None = None,
+    at_seconds: float | None = None,
+    at_step: float | None = None,
+) -> list[Metric]:
+    """The table's metrics; the interpolated ones at `at_tokens` / `at_seconds` / `at_step` or at the
+    runs' common reach."""
     tokens = float(at_tokens) if at_tokens is not None else common_reach(runs, "series")
     seconds = float(at_seconds) if at_seconds is not None else common_reach(runs, "by_time")
     tokens_how = "--at-tokens" if at_tokens is not None else "the most every run reached in validation"
     seconds_how = "--at-seconds" if at_seconds is not None else "the longest every run reached in validation"
+    step = float(at_step) if at_step is not None else common_reach(runs, "by_step")
+    step_how = "--at-step" if at_step is not None else "the last step every run validated at"
+    step_at = f"optimizer step {step:,.0f}"
+    if not math.isfinite(step):
+        step_at, step_how = "a common optimizer step", "no run validated"
     tokens_at = f"{tokens:,.0f} real tokens"
     seconds_at = f"{seconds:,.1f} training seconds"
     if not math.isfinite(tokens):
@@ -98,6 +112,12 @@ def metrics(runs: list[Run], at_tokens: float | None = None, at_seconds: float |
             lambda run: interpolate_at(run.by_time.get(VAL_LOSS, []), seconds),
             at=seconds,
             missing=f"validations do not span {seconds_at}: not extrapolated",
+        ),
+        Metric(
+            f"val loss at {step_at} (interpolated; {step_how})",
+            lambda run: interpolate_at(run.by_step.get(VAL_LOSS, []), step),
+            at=step,
+            missing=f"validations do not span {step_at}: not extrapolated",
         ),
         Metric(
             "real tokens/s (median of the run)",
@@ -132,12 +152,13 @@ def arm_table(
     reference: str | None = None,
     at_tokens: float | None = None,
     at_seconds: float | None = None,
+    at_step: float | None = None,
 ) -> ArmTable:
     """Each metric's summary per arm and its difference to the reference arm."""
     ref = reference_arm(arms, reference)
     runs = [run for arm in arms for run in arm.runs]
     sections = []
-    for metric in metrics(runs, at_tokens, at_seconds):
+    for metric in metrics(runs, at_tokens, at_seconds, at_step):
         values = {id(run): metric.value(run) for run in runs}
         summaries = {id(arm): summarize([values[id(run)] for run in arm.runs]) for arm in arms}
         rows = [

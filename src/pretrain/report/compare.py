@@ -479,15 +479,16 @@ def compare(
     reference: str | None = None,
     at_tokens: float | None = None,
     at_seconds: float | None = None,
+    at_step: float | None = None,
 ) -> Path:
     """Write the comparison PNG (and a .md table beside it: the arms' table, then one row per run);
     returns the PNG path. Runs that differ only in `seed` are one arm (arms.py); `reference` names the
-    arm the others are compared with, `at_tokens` / `at_seconds` the x of the interpolated val loss
-    (arm_table.py). `wandb=True` also logs the tables and the plot into one W&B run of the compared
+    arm the others are compared with, `at_tokens` / `at_seconds` / `at_step` the x of the interpolated
+    val loss (arm_table.py). `wandb=True` also logs the tables and the plot into one W&B run of the compared
     runs' group (`log_to_wandb`)."""
     output = Path(output) if output else Path(directories[0]) / "compare.png"
     check_output(output)
-    for option, value in (("--at-tokens", at_tokens), ("--at-seconds", at_seconds)):
+    for option, value in (("--at-tokens", at_tokens), ("--at-seconds", at_seconds), ("--at-step", at_step)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ConfigError(f"{option} {value} must be a positive number")
     runs = [load_run(path) for path in find_runs([Path(d) for d in directories])]
@@ -504,7 +505,7 @@ def compare(
         run.layouts = layout_statistics(run, layout_arms() if len(runs) == 1 else None)
     plot(runs, output, arms)
     label_runs(arms)
-    arms_table = arm_table(arms, reference, at_tokens, at_seconds)
+    arms_table = arm_table(arms, reference, at_tokens, at_seconds, at_step)
     table = markdown(arms_table) + "\n## runs\n\n" + markdown_table(runs)
     write_text_atomic(output.with_suffix(".md"), table)
     if not quiet:

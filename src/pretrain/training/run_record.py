@@ -65,6 +65,7 @@ class Run:
     by_time: dict[str, list[tuple[float, float]]] = field(
         default_factory=dict
     )  # metric -> [(seconds, value)]
+    by_step: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # metric -> [(step, value)]
     layouts: dict[str, dict] = field(default_factory=dict)  # arm -> waste and truncation on the run's data
     composition: dict = field(default_factory=dict)  # run.json's composition audit (data/audit.py)
 
@@ -134,6 +135,7 @@ def load_run(run_dir: Path) -> Run:
     config = _load_config(run_dir)
     series: dict[str, list[tuple[float, float]]] = {}
     by_time: dict[str, list[tuple[float, float]]] = {}
+    by_step: dict[str, list[tuple[float, float]]] = {}
     tokens = seconds = 0.0
     step = 0.0
     for row in read_metrics(run_dir):
@@ -145,6 +147,7 @@ def load_run(run_dir: Path) -> Run:
         for key, value in row.items():
             if key not in ("step", "epoch"):
                 series.setdefault(key, []).append((tokens, value))
+                by_step.setdefault(key, []).append((step, value))
                 if math.isfinite(seconds):
                     by_time.setdefault(key, []).append((seconds, value))
     data = config.get("data", {})
@@ -157,6 +160,7 @@ def load_run(run_dir: Path) -> Run:
         series=series,
         config=config,
         by_time=by_time,
+        by_step=by_step,
         composition=_load_composition(run_dir),
     )
 
