@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-e2e test-all bench lint train sweep gpu-check gpu-wheels clean
+.PHONY: install test test-e2e test-all bench lint train sweep study gpu-check gpu-wheels clean
 
 # pip shows its progress: the first install downloads ~1 GB and takes minutes.
 $(STAMP): pyproject.toml
@@ -74,6 +74,20 @@ train: install
 sweep: install
 	$(PY) train.py --multirun experiment=smoke data=padded,bestfit train.batch_size=2,4 data.max_seq_len=128,256 hydra.sweep.dir=outputs/multirun/sweep
 	$(VENV)/bin/pretrain compare outputs/multirun/sweep --output outputs/multirun/sweep/compare.png
+
+# The composition study (docs/results/composition-cpu.md): 7 arms x 3 seeds at one real-token budget,
+# then `pretrain compare` with padded as the reference arm; about 30 minutes on 2 idle cores.
+# STUDY_ARGS adds overrides to every run (e.g. STUDY_ARGS=logger=wandb).
+STUDY_DIR := outputs/composition_study/$(shell date +%Y-%m-%d_%H-%M-%S)
+STUDY_ARGS ?=
+
+study: install
+	$(PY) train.py --multirun experiment=composition_study progress_bar=false $(STUDY_ARGS) \
+		hydra.sweep.dir=$(STUDY_DIR) 'hydra.sweep.subdir=$${hydra:runtime.choices.study_arm}-seed$${seed}'
+	ln -sfn $(notdir $(STUDY_DIR)) outputs/composition_study/latest
+	$(VENV)/bin/pretrain compare $(STUDY_DIR) --reference padded --output $(STUDY_DIR)/compare.png
+	@echo "study:      $(STUDY_DIR) (also outputs/composition_study/latest/)"
+	@echo "comparison: $(STUDY_DIR)/compare.png  $(STUDY_DIR)/compare.md"
 
 gpu-check: install
 	$(PY) scripts/gpu_check.py --output bench/results/gpu_check.json

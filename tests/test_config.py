@@ -18,8 +18,11 @@ from pretrain import errors
 from pretrain.config import Config, load_config, to_config
 from pretrain.data.policies import REGISTRY, PackingConfig
 
+# experiment and study_arm options are @package _global_ (tested by their own tests below)
 GROUPS = sorted(
-    p.name for p in (REPO / "conf").iterdir() if p.is_dir() and p.name not in ("hydra", "experiment")
+    p.name
+    for p in (REPO / "conf").iterdir()
+    if p.is_dir() and p.name not in ("hydra", "experiment", "study_arm")
 )
 
 
@@ -93,6 +96,36 @@ def test_experiments_compose(experiment):
     config = to_config(load_config([f"experiment={experiment}"]))
     assert config.experiment_name == experiment
     assert config.model.max_seq_len == config.data.max_seq_len  # the interpolation in the schema
+
+
+STUDY_ARMS = {  # conf/study_arm/<arm>.yaml -> the data group it must select
+    "padded": ("padded", {"pad_to": "max", "long_docs": "truncate"}),
+    "concat_nomask": ("prepacked", {"strategy": "concat", "document_mask": False}),
+    "concat": ("prepacked", {"strategy": "concat", "document_mask": True}),
+    "bfd": ("prepacked", {"strategy": "bfd", "document_mask": True}),
+    "bestfit": ("bestfit", {"document_mask": True}),
+    "firstfit": ("firstfit", {"document_mask": True}),
+    "vsl": ("vsl", {"curriculum": "natural"}),
+}
+
+
+def test_the_composition_studys_arms_differ_only_in_the_data_layout():
+    """Every arm of experiment=composition_study selects its layout and nothing else: the same model,
+    corpus, context and real-token budget; the sweep crosses all seven arms with three seeds."""
+    assert sorted(p.stem for p in (REPO / "conf" / "study_arm").glob("*.yaml")) == sorted(STUDY_ARMS)
+    shared = None
+    for arm, (policy, options) in STUDY_ARMS.items():
+        cfg = load_config(["experiment=composition_study", f"study_arm={arm}"])
+        config = to_config(cfg)
+        assert str(config.data.policy) == policy
+        assert {key: getattr(config.data, key) for key in options} == options
+        rest = OmegaConf.to_container(cfg, resolve=True)
+        del rest["data"]
+        assert shared is None or rest == shared, arm
+        shared = rest
+    assert shared["train"]["max_tokens"] == 100_000 and shared["model"]["name"] == "tiny"
+    sweep = OmegaConf.load(REPO / "conf" / "experiment" / "composition_study.yaml").hydra.sweeper.params
+    assert sweep.seed == "0,1,2" and sorted(sweep.study_arm.split(",")) == sorted(STUDY_ARMS)
 
 
 def test_wrong_type_names_the_key_and_the_type():
