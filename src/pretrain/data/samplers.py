@@ -11,6 +11,11 @@ vsl: each of one bucket) and leave out units that make none; its plan then serve
 of updates per rank. Since the epoch's order is regenerated, the state is two integers (epoch,
 cursor) plus settings to check on resume.
 
+With a mixture (data/mixture.py) the split is the components' splits read as one, and each epoch's
+chunk table is the mixture's plan of that epoch (its chunks in their interleaved order) instead of
+every chunk of the split; the mixture joins the settings a resume checks, and each batch's `meta`
+says how many real tokens of each component it holds (`component_tokens`).
+
 Validation is not a sampler's job: its pairs are the same for every policy (evaluation.py).
 """
 
@@ -24,6 +29,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from .batch import PackedBatch
+from .chunking import ChunkTable
+from .mixture import Mixture, MixturePlan
 from .policies import EpochPlan, Layout, PolicySettings, split_chunks, split_fingerprint
 from .tokens import TokenSplit
 
@@ -44,6 +51,7 @@ class Sampler:
         rank: int = 0,
         world_size: int = 1,
         packs_dir: Path | None = None,
+        mixture: Mixture | None = None,
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
@@ -58,6 +66,12 @@ class Sampler:
         self.max_seq_len = settings.max_seq_len
         self.batch_size = settings.batch_size  # units per batch
         self.table = split_chunks(split, settings.max_seq_len)
+        self.mixture = mixture
+        self.mixture_plan = (
+            None
+            if mixture is None
+            else MixturePlan(mixture, self.table, self.policy.trained_chunks(self.table), settings.seed)
+        )
         self.epoch = 0
         self.cursor = 0
         self._generation = 0  # bumped by load_state_dict: a live iterator from before stops
@@ -94,6 +108,7 @@ class Sampler:
             "seed": self.settings.seed,
             **self.policy_settings(),
             **self._update_key(),
+            **({} if self.mixture is None else {"mixture": self.mixture.key}),
             "split_fingerprint": self._split_fingerprint,
         }
 
@@ -108,11 +123,16 @@ class Sampler:
     def _rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng([self.settings.seed & (2**64 - 1), epoch])
 
+    def epoch_table(self, epoch: int) -> ChunkTable:
+        """The chunks `epoch` lays out: every chunk of the split, or the mixture's plan of the epoch."""
+        return self.table if self.mixture_plan is None else self.mixture_plan.epoch(epoch).table
+
     def _layout(self, epoch: int) -> Layout:
-        if self.policy.fixed_layout and self._fixed_layout is not None:
+        fixed = self.policy.fixed_layout and self.mixture_plan is None  # a mixture plans every epoch
+        if fixed and self._fixed_layout is not None:
             return self._fixed_layout
-        layout = self.policy.layout(self.split, self.table, self._rng(epoch), self.packs_dir)
-        if self.policy.fixed_layout:
+        layout = self.policy.layout(self.split, self.epoch_table(epoch), self._rng(epoch), self.packs_dir)
+        if fixed:
             self._fixed_layout = layout
         return layout
 
@@ -155,6 +175,11 @@ class Sampler:
             packs=units,
             chunks=plan.layout.ids(items),
         )
+        if self.mixture is not None:
+            lengths = plan.layout.lengths(items)
+            out.meta["component_tokens"] = self.mixture.tokens_by_component(
+                plan.layout.starts(items), lengths
+            )
         return out
 
     def epoch_accounting(self, epoch: int | None = None) -> dict:
@@ -239,6 +264,7 @@ def build_sampler(
     rank: int = 0,
     world_size: int = 1,
     packs_dir: Path | None = None,
+    mixture: Mixture | None = None,
 ) -> Sampler:
-    """The training sampler of `settings` (its policy) for one split and rank."""
-    return Sampler(split, settings, rank=rank, world_size=world_size, packs_dir=packs_dir)
+    """The training sampler of `settings` (its policy) for one split (a mixture's mixed split) and rank."""
+    return Sampler(split, settings, rank=rank, world_size=world_size, packs_dir=packs_dir, mixture=mixture)
