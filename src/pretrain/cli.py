@@ -91,15 +91,25 @@ def cmd_verify(overrides: list[str]) -> int:
 
 def cmd_inspect(overrides: list[str], output: str | None) -> int:
     config, spec = _cache_spec(overrides)
+    from .data.mixture import MixtureSpec, mix_splits
     from .data.policies import PolicySettings
     from .data.prepare import prepare_cache
     from .data.stats import inspect_split, render_table
 
     settings = PolicySettings.from_config(config.data, config.train, config.seed)
-    cache = prepare_cache(spec)
-    stats = inspect_split(
-        settings, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir
-    )
+    mixture = MixtureSpec.from_config(config)
+    if mixture is None:
+        cache = prepare_cache(spec)
+        stats = inspect_split(
+            settings, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir
+        )
+    else:  # the mixed epoch, and each component's statistics under mixture.<name>
+        mixture.check_policy(settings.policy)
+        caches = [prepare_cache(component.cache) for component in mixture.components]
+        train, mixed = mix_splits(mixture, [cache.split("train") for cache in caches])
+        parts = [cache.split("validation") for cache in caches]
+        validation, _ = mix_splits(mixture, parts)
+        stats = inspect_split(settings, train, validation, mixture=mixed, validation_parts=parts)
     Console().print(render_table(stats))
     if output:  # without one the table is the answer
         path = Path(output)

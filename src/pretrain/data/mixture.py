@@ -48,7 +48,7 @@ import numpy as np
 from ..arrays import prefix_sums
 from ..errors import ConfigError, PretrainError
 from .chunking import ChunkTable
-from .policies.layout import index_dtype, shuffled
+from .policies.layout import EpochPlan, index_dtype, shuffled
 from .tokens import TokenSplit
 
 if TYPE_CHECKING:
@@ -365,14 +365,45 @@ class MixturePlan:
         return mixed
 
 
-def update_shares(
-    mixture: Mixture, starts: np.ndarray, lengths: np.ndarray, update_ptr: np.ndarray
-) -> np.ndarray:
-    """(updates, components) share of each update's real tokens per component: the items of update u
-    are items update_ptr[u]:update_ptr[u + 1] (their first input's offset and length)."""
-    component = mixture.component_of(starts)
-    update = np.repeat(np.arange(len(update_ptr) - 1), np.diff(update_ptr))
-    tokens = np.zeros((len(update_ptr) - 1, len(mixture)), dtype=np.float64)
-    np.add.at(tokens, (update, component), np.asarray(lengths, dtype=np.float64))
-    totals = tokens.sum(axis=1, keepdims=True)
-    return tokens / np.maximum(totals, 1.0)
+def update_shares(mixture: Mixture, plan: EpochPlan, update_units: int) -> np.ndarray:
+    """(updates, components): each whole update's share of its real tokens per component, for the
+    epoch `plan` of a mixed split (an update is `update_units` consecutive units of its order)."""
+    updates = plan.ordered_units // update_units
+    units = plan.ordered(0, updates * update_units)
+    items, counts = plan.layout.items_of(units)
+    update = np.repeat(np.arange(len(units), dtype=np.int64) // update_units, counts)
+    tokens = np.zeros((updates, len(mixture)), dtype=np.float64)
+    component = mixture.component_of(plan.layout.starts(items))
+    np.add.at(tokens, (update, component), plan.layout.lengths(items).astype(np.float64))
+    return tokens / np.maximum(tokens.sum(axis=1, keepdims=True), 1.0)
+
+
+def mixture_statistics(plan: MixturePlan, epoch_plan: EpochPlan, update_units: int) -> dict:
+    """Per component (inspect-data's `mixture`): its weight, the real tokens it contributes per epoch
+    and their share, the tokens it has (`available_tokens`), `uses_per_epoch` (tokens used / available),
+    the fraction of its documents an epoch uses (epoch 0), and how far one update's share strays from
+    the weight once the policy has laid the epoch out (`update_share_deviation`: max and mean of
+    |share - weight| over the epoch's whole updates)."""
+    mixture = plan.mixture
+    mixed = plan.epoch(0)
+    tokens = np.bincount(mixed.component, weights=mixed.table.length, minlength=len(mixture))
+    shares = update_shares(mixture, epoch_plan, update_units)
+    out = {}
+    for i, name in enumerate(mixture.names):
+        mine = mixed.component == i
+        documents = int(mixture.doc_bounds[i + 1] - mixture.doc_bounds[i])
+        used = len(np.unique(mixed.table.doc[mine]))
+        deviation = np.abs(shares[:, i] - mixture.weights[i]) if len(shares) else np.zeros(1)
+        out[name] = {
+            "weight": mixture.weights[i],
+            "tokens": int(tokens[i]),
+            "share": float(tokens[i] / max(tokens.sum(), 1)),
+            "available_tokens": int(plan.available[i]),
+            "uses_per_epoch": float(tokens[i] / plan.available[i]),
+            "max_repeat": mixture.max_repeat[i],
+            "documents": documents,
+            "documents_used_per_epoch": used / documents if documents else 0.0,
+            "update_share_deviation_max": float(deviation.max()),
+            "update_share_deviation_mean": float(deviation.mean()),
+        }
+    return out
