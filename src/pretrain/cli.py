@@ -91,7 +91,7 @@ def cmd_verify(overrides: list[str]) -> int:
 
 def cmd_inspect(overrides: list[str], output: str | None) -> int:
     config, spec = _cache_spec(overrides)
-    from .data.mixture import MixtureSpec, mix_splits
+    from .data.mixture import MixtureSpec
     from .data.policies import PolicySettings
     from .data.prepare import prepare_cache
     from .data.stats import inspect_split, render_table
@@ -106,9 +106,9 @@ def cmd_inspect(overrides: list[str], output: str | None) -> int:
     else:  # the mixed epoch, and each component's statistics under mixture.<name>
         mixture.check_policy(settings.policy)
         caches = [prepare_cache(component.cache) for component in mixture.components]
-        train, mixed = mix_splits(mixture, [cache.split("train") for cache in caches])
+        train, mixed = mixture.mix([cache.split("train") for cache in caches])
         parts = [cache.split("validation") for cache in caches]
-        validation, _ = mix_splits(mixture, parts)
+        validation, _ = mixture.mix(parts)
         stats = inspect_split(settings, train, validation, mixture=mixed, validation_parts=parts)
     Console().print(render_table(stats))
     if output:  # without one the table is the answer

@@ -198,7 +198,8 @@ class MixtureConfig:
                 raise ConfigError(f"{key}: a component name is a metric name: use letters, digits, _ or -")
             weight = component.weight
             if not _is_set(weight) or isinstance(weight, bool) or not weight > 0:
-                raise ConfigError(f"{key}.weight must be > 0, got {weight!r}")
+                shown = f"{weight:g}" if isinstance(weight, int | float) else repr(weight)
+                raise ConfigError(f"{key}.weight must be > 0, got {shown}")
             repeat = component.max_repeat
             if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
                 raise ConfigError(f"{key}.max_repeat must be an integer >= 1, got {repeat!r}")

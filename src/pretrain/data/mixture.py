@@ -126,6 +126,12 @@ class MixtureSpec:
         text = json.dumps(self.resume_key(), sort_keys=True, separators=(",", ":"))
         return "mixture-" + hashlib.sha256(text.encode()).hexdigest()[:20]
 
+    def mix(self, splits: Sequence[TokenSplit]) -> tuple[TokenSplit, Mixture]:
+        """The components' splits (one per component, in order) read as one, and the mixture."""
+        weights = [c.weight for c in self.components]
+        repeat = [c.max_repeat for c in self.components]
+        return mix_splits(splits, self.names, weights, repeat, self.resume_key())
+
     def check_policy(self, policy: str) -> None:
         if str(policy) == "prepacked":
             raise ConfigError(
@@ -230,33 +236,38 @@ class Mixture:
 
 
 def mix_splits(
-    spec: MixtureSpec, splits: Sequence[TokenSplit], name: str | None = None
+    splits: Sequence[TokenSplit],
+    names: Sequence[str],
+    weights: Sequence[float],
+    max_repeat: Sequence[int] | None = None,
+    key: dict | None = None,
 ) -> tuple[TokenSplit, Mixture]:
-    """The components' splits (in `spec` order) as one TokenSplit, and the mixture over it."""
+    """The components' splits (in `names` order) as one TokenSplit, and the mixture over it
+    (`weights` already normalised; `max_repeat` 1 each by default; `key` what a resume checks)."""
     token_bounds = prefix_sums([len(s.tokens) for s in splits])
     doc_bounds = prefix_sums([len(s) for s in splits])
+    bases = token_bounds[:-1].tolist()
     offsets = np.concatenate(
-        [
-            np.asarray(s.offsets, dtype=np.int64) + base
-            for s, base in zip(splits, token_bounds[:-1], strict=True)
-        ]
+        [np.asarray(s.offsets, dtype=np.int64) + b for s, b in zip(splits, bases, strict=True)]
     )
     lengths = np.concatenate([np.asarray(s.lengths, dtype=np.int64) for s in splits])
-    tokens = cast(np.ndarray, ConcatTokens([s.tokens for s in splits]))
     split = TokenSplit(
-        tokens=tokens,
+        tokens=cast(np.ndarray, ConcatTokens([s.tokens for s in splits])),
         offsets=offsets,
         lengths=lengths,
         ids=ConcatIds([s.ids for s in splits]),
-        name=name or splits[0].name,
+        name=splits[0].name,
     )
+    repeat = tuple(int(r) for r in max_repeat) if max_repeat is not None else (1,) * len(splits)
     mixture = Mixture(
-        names=spec.names,
-        weights=tuple(c.weight for c in spec.components),
-        max_repeat=tuple(c.max_repeat for c in spec.components),
+        names=tuple(names),
+        weights=tuple(float(w) for w in weights),
+        max_repeat=repeat,
         doc_bounds=doc_bounds,
         token_bounds=token_bounds,
-        key=spec.resume_key(),
+        key=key
+        if key is not None
+        else {"names": list(names), "weights": list(weights), "max_repeat": list(repeat)},
     )
     return split, mixture
 

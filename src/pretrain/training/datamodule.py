@@ -42,7 +42,7 @@ from ..data.evaluation import (
     evaluation_units,
     validation_pairs,
 )
-from ..data.mixture import MixtureSpec, mix_splits
+from ..data.mixture import MixtureSpec
 from ..data.policies import PolicySettings
 from ..data.prepare import prepare_cache
 from ..data.samplers import Sampler, build_sampler
@@ -171,7 +171,7 @@ class PretrainDataModule(L.LightningDataModule):
                 )
             else:
                 splits = [self.caches[name].split("train") for name in self.mixture.names]
-                train, mixture = mix_splits(self.mixture, splits)
+                train, mixture = self.mixture.mix(splits)
                 self.train_sampler = build_sampler(
                     self.policy, train, rank=rank, world_size=world, mixture=mixture
                 )
