@@ -358,6 +358,16 @@ def test_training_logs_tokens_and_validation_loss_per_component(tmp_path):
         assert metrics[f"val/loss/{component.name}"] == pytest.approx(sums.loss, rel=1e-5)
         nats, targets = nats + float(sums.nats), targets + float(sums.targets)
     assert metrics["val/loss"] == pytest.approx(nats / targets, rel=1e-5)
+    # `pretrain eval`: every validation pair of each component, and the overall loss over all of them.
+    from pretrain.evaluate import evaluate_checkpoint
+
+    result = evaluate_checkpoint(out / "checkpoints" / "last.ckpt")
+    parts = result["components"]
+    assert set(parts) == {"pydocs", "repo"}
+    assert result["targets"] == parts["pydocs"]["targets"] + parts["repo"]["targets"]
+    assert result["loss"] == pytest.approx(
+        (parts["pydocs"]["nats"] + parts["repo"]["nats"]) / result["targets"]
+    )
     # train/tokens/<name> is logged with the other train metrics, cumulative per step.
     header, *rows = (out / "metrics.csv").read_text().splitlines()
     columns = header.split(",")

@@ -164,9 +164,11 @@ def cmd_eval(checkpoint: str, overrides: list[str], output: str | None) -> int:
     table = Table(title=f"eval: {checkpoint} (step {result['step']}, policy {result['policy']})")
     table.add_column("statistic")
     table.add_column("value", justify="right")
-    for key in ("loss", "perplexity", "bits_per_byte", "targets", "documents", "bytes"):
-        value = result[key]
-        table.add_row(key, f"{value:,.4f}" if isinstance(value, float) else f"{value:,}")
+    rows = [("", result), *((f"{name}.", part) for name, part in result.get("components", {}).items())]
+    for prefix, values in rows:  # a mixture: each component's rows after the overall ones
+        for key in ("loss", "perplexity", "bits_per_byte", "targets", "documents", "bytes"):
+            value = values[key]
+            table.add_row(prefix + key, f"{value:,.4f}" if isinstance(value, float) else f"{value:,}")
     Console().print(table)
     if path is not None:
         _write_output(path, json.dumps(result, indent=2) + "\n")
