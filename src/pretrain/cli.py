@@ -57,11 +57,24 @@ def cmd_prepare(overrides: list[str]) -> int:
     from .prepare_tasks import run_prepare
 
     config = to_config(load_config(overrides))
-    path, cache = run_prepare(config)  # a task (prepare.task=i) prints its part file instead
-    if cache is not None:
-        Console().print(counts_table(cache))
-    print(path)
+    # A mixture: each component's cache in turn (its own source and budget), one directory per line.
+    for one in component_configs(config) if config.mixture is not None else [config]:
+        path, cache = run_prepare(one)  # a task (prepare.task=i) prints its part file instead
+        if cache is not None:
+            Console().print(counts_table(cache))
+        print(path)
     return 0
+
+
+def component_configs(config):
+    """A mixture's components as single-source configs (`source` and `budget` theirs, no mixture)."""
+    from dataclasses import replace
+
+    assert config.mixture is not None
+    return [
+        replace(config, source=c.source, budget=c.budget or config.budget, mixture=None)
+        for c in config.mixture.components.values()
+    ]
 
 
 def cmd_verify(overrides: list[str]) -> int:
