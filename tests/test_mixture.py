@@ -256,8 +256,15 @@ def test_a_bad_component_fails_in_one_line_naming_it(tmp_path, component, messag
 def test_an_unknown_or_missing_source_names_the_component(tmp_path):
     from omegaconf.errors import ConfigKeyError
 
-    with pytest.raises(ConfigKeyError, match=r"mixture\.components\.web\.source\.filez"):
+    from pretrain.errors import describe
+
+    with pytest.raises(ConfigKeyError) as unknown:
         _mixture_config(tmp_path, {"web": {"weight": 1, "source": {"kind": "local", "filez": ["a.jsonl"]}}})
+    line = describe(unknown.value)  # what the command line prints after `error: `
+    assert (
+        "Key 'filez' not in 'SourceConfig'" in line
+        and "full_key: mixture.components.web.source.filez" in line
+    )
     config = _mixture_config(
         tmp_path, {"web": {"weight": 1, "source": {"kind": "local", "files": [str(tmp_path / "none.jsonl")]}}}
     )
