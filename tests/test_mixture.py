@@ -137,6 +137,7 @@ def test_batches_count_each_components_tokens_and_an_epoch_serves_its_plan(polic
     served = np.zeros(2, dtype=np.int64)
     for batch in sampler:
         assert batch.meta["component_tokens"].sum() == batch.real_tokens
+        assert len(batch.meta["components"]) == len(batch.cu_seqlens) - 1 or policy != "bestfit"
         served += batch.meta["component_tokens"]
     dropped = sampler.epoch_accounting(0)["dropped_tokens"]
     planned = _epoch_tokens(sampler.mixture_plan, 0)

@@ -228,12 +228,6 @@ class Mixture:
         """The component of tokens at these offsets of the mixed split (int64)."""
         return np.searchsorted(self.token_bounds, np.asarray(starts, dtype=np.int64), side="right") - 1
 
-    def tokens_by_component(self, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Real tokens of items (their first input's offset, their length) per component (int64)."""
-        weights = np.asarray(lengths, dtype=np.float64)
-        counts = np.bincount(self.component_of(starts), weights=weights, minlength=len(self))
-        return counts.astype(np.int64)
-
 
 def mix_splits(
     splits: Sequence[TokenSplit],

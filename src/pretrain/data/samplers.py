@@ -175,11 +175,12 @@ class Sampler:
             packs=units,
             chunks=plan.layout.ids(items),
         )
-        if self.mixture is not None:
-            lengths = plan.layout.lengths(items)
-            out.meta["component_tokens"] = self.mixture.tokens_by_component(
-                plan.layout.starts(items), lengths
-            )
+        if self.mixture is not None:  # each item's component, and the real tokens of each component
+            components = self.mixture.component_of(plan.layout.starts(items))
+            out.meta["components"] = components
+            out.meta["component_tokens"] = np.bincount(
+                components, weights=plan.layout.lengths(items), minlength=len(self.mixture)
+            ).astype(np.int64)
         return out
 
     def epoch_accounting(self, epoch: int | None = None) -> dict:
