@@ -115,10 +115,10 @@ class MixtureSpec:
 
     @property
     def identity(self) -> dict:
-        """The run's data identity (recorded in the checkpoint): the shared tokenizer's, and per
-        component its share and its cache's identity."""
+        """The run's data identity (recorded in the checkpoint's `cache_identity`): the tokenizer's (the
+        components share it: eval and export check it), and per component its share and cache key."""
         first = self.components[0].cache.identity
-        return {"tokenizer": first["tokenizer"], "mixture": {**self.resume_key()}}
+        return {"tokenizer": first["tokenizer"], "mixture": self.resume_key()}
 
     @property
     def key(self) -> str:
