@@ -405,3 +405,23 @@ def test_component_tokens_survive_a_resume_and_another_mixture_is_refused(tmp_pa
     ) as error:
         train(load_config(other))
     assert "\n" not in str(error.value)
+
+
+def _directories(out: str) -> list[str]:
+    """The directories a command printed, one per line (the tables around them left out)."""
+    from pathlib import Path
+
+    return [line for line in out.splitlines() if line.startswith("/") and Path(line).is_dir()]
+
+
+def test_prepare_and_verify_build_and_check_each_components_cache(tmp_path, capsys):
+    from pretrain.cli import main
+
+    overrides = [*TINY, *_mixture_overrides(tmp_path)]
+    assert main(["prepare", *overrides]) == 0
+    built = _directories(capsys.readouterr().out)
+    spec = MixtureSpec.from_config(to_config(compose(*overrides)))
+    assert built == [str(c.cache.directory) for c in spec.components]
+    assert main(["verify", *overrides]) == 0
+    verified = _directories(capsys.readouterr().out)
+    assert verified == built

@@ -78,11 +78,21 @@ def component_configs(config):
 
 
 def cmd_verify(overrides: list[str]) -> int:
-    """Full sha256 verification of the config's cache, in place (it may be read-only)."""
+    """Full sha256 verification of the config's cache (a mixture: each component's), in place (it may
+    be read-only)."""
+    from .data.mixture import MixtureSpec
     from .data.prepare import verify_existing
 
-    _, spec = _cache_spec(overrides)
-    result = verify_existing(spec, "full")
+    config, spec = _cache_spec(overrides)
+    mixture = MixtureSpec.from_config(config)
+    for one in [spec] if mixture is None else [c.cache for c in mixture.components]:
+        result = verify_existing(one, "full")
+        Console().print(verification_table(result))
+        print(result.directory)
+    return 0
+
+
+def verification_table(result) -> Table:
     table = Table(title=f"verify {result.directory.name} (full)")
     for column in ("file", "bytes", "sha256", "check"):
         table.add_column(column, justify="right" if column == "bytes" else "left")
@@ -97,9 +107,7 @@ def cmd_verify(overrides: list[str]) -> int:
         + (index if result.index_checked else "")
         + f"{result.seconds:.1f} s; verified record: {result.record or 'none (nowhere writable)'}"
     )
-    Console().print(table)
-    print(result.directory)
-    return 0
+    return table
 
 
 def cmd_inspect(overrides: list[str], output: str | None) -> int:
