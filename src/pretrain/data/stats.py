@@ -31,6 +31,12 @@ PERCENT_KEYS = frozenset(
         "truncated_documents",
         "dropped_pairs",
         "fragmented_documents",
+        # a mixture component's (mixture.<name>.*)
+        "weight",
+        "share",
+        "documents_used_per_epoch",
+        "update_share_deviation_max",
+        "update_share_deviation_mean",
     }
 )
 LEAK_IDS_NAMED = 3
@@ -233,6 +239,8 @@ def _fmt(key: str, value) -> str:
             return f"{100 * value:.2f} %"
         if key == "units_vs_concat":  # Ding et al.'s compactness: differences of 0.01 % matter
             return f"{value:.5f}"
+        if key == "uses_per_epoch":
+            return f"{value:.3f}"
         return f"{value:,.1f}" if math.isfinite(value) else str(value)
     if isinstance(value, int):
         return f"{value:,}"
