@@ -376,6 +376,12 @@ def test_training_logs_tokens_and_validation_loss_per_component(tmp_path):
     assert result["loss"] == pytest.approx(
         (parts["pydocs"]["nats"] + parts["repo"]["nats"]) / result["targets"]
     )
+    # A mixture has no one cache directory: run.json names each component's; compare's plot still works.
+    record = json.loads((out / "run.json").read_text())
+    assert "cache_dir" not in record and set(record["cache_dirs"]) == {"pydocs", "repo"}
+    from pretrain.report.compare import plot_run
+
+    assert plot_run(out).is_file()
     # train/tokens/<name> is logged with the other train metrics, cumulative per step.
     header, *rows = (out / "metrics.csv").read_text().splitlines()
     columns = header.split(",")

@@ -400,14 +400,14 @@ def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None
         "exit_code": exit_code(stopped_by) if stopped_by is not None else 0,
         "output_dir": str(output_dir),
         "checkpoint": str(last) if trainer.is_global_zero and last.exists() else None,
-        "cache_dir": str(cache.directory) if cache is not None else None,
+        # A mixture has no one cache: each component's directory and its real tokens instead.
         **(
-            {"cache_dirs": {n: str(c.directory) for n, c in datamodule.caches.items()}} if run.mixture else {}
-        ),
-        **(
-            {"mixture_tokens": dict(zip(module.component_names, module.component_tokens, strict=True))}
-            if run.mixture
-            else {}
+            {"cache_dir": str(cache.directory) if cache is not None else None}
+            if run.mixture is None
+            else {
+                "cache_dirs": {n: str(c.directory) for n, c in datamodule.caches.items()},
+                "mixture_tokens": dict(zip(module.component_names, module.component_tokens, strict=True)),
+            }
         ),
         "policy": run.policy.policy,
         "attn": run.attn_backend,
