@@ -326,6 +326,20 @@ def test_inspect_data_reports_each_component(tmp_path):
     assert web["tokens"] == round(web["uses_per_epoch"] * web["available_tokens"])
     # The mixed epoch's real tokens are the components' (a packing policy trains every planned chunk).
     assert stats["prediction_pairs"] >= docs["available_tokens"] + web["available_tokens"]
+    # A training run's data module reports the same (what goes into the W&B config as data/...).
+    from pretrain.data.policies import PolicySettings
+    from pretrain.training.datamodule import PretrainDataModule
+    from pretrain.training.loggers import flat_statistics
+
+    config = to_config(compose(*TINY, *_mixture_overrides(tmp_path)))
+    spec = MixtureSpec.from_config(config)
+    settings = PolicySettings.from_config(config.data, config.train, config.seed)
+    datamodule = PretrainDataModule(spec.components[0].cache, settings, spec)
+    datamodule.setup("fit")
+    flat = flat_statistics(datamodule.statistics())
+    assert flat["data/mixture/repo/uses_per_epoch"] == web["uses_per_epoch"]
+    assert flat["data/mixture/pydocs/tokens"] == docs["tokens"]
+    assert flat["data/validation/scored_pairs"] == stats["validation"]["scored_pairs"]
 
 
 def test_training_logs_tokens_and_validation_loss_per_component(tmp_path):

@@ -205,6 +205,23 @@ class PretrainDataModule(L.LightningDataModule):
         for validation in self.validation_sets:
             yield from validation.positions(self.policy)
 
+    def statistics(self, audits: bool = False) -> dict:
+        """`pretrain inspect-data`'s statistics of this run's data, from its own train sampler's epoch 0
+        (a mixture: the mixed epoch, and each component's under `mixture`)."""
+        from ..data.stats import inspect_split
+
+        assert self.train_sampler is not None, "setup() first"
+        sampler = self.train_sampler
+        if self.mixture is None:
+            assert self.cache is not None
+            validation = self.cache.split("validation")
+            return inspect_split(self.policy, sampler.split, validation, audits=audits, sampler=sampler)
+        parts = [self.caches[name].split("validation") for name in self.mixture.names]
+        validation, _ = self.mixture.mix(parts)
+        return inspect_split(
+            self.policy, sampler.split, validation, audits=audits, sampler=sampler, validation_parts=parts
+        )
+
     @property
     def has_validation(self) -> bool:
         """False when no validation split (or its selection) has a pair on any rank."""
