@@ -445,3 +445,31 @@ def test_prepare_and_verify_build_and_check_each_components_cache(tmp_path, caps
     assert main(["verify", *overrides]) == 0
     verified = _directories(capsys.readouterr().out)
     assert verified == built
+
+
+def test_two_ranks_count_every_ranks_component_tokens(tmp_path):
+    """DDP on 2 CPU ranks (gloo): train/tokens/<name> adds both ranks' tokens, as train/tokens does."""
+    import csv
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "ddp"
+    command = [sys.executable, "train.py", *TINY, *_mixture_overrides(tmp_path), "train.max_steps=4"]
+    command += ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
+    command += ["train.log_every_n_steps=1", f"hydra.run.dir={out}"]
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        command, cwd=repo, env=dict(os.environ), capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out / "metrics.csv", newline="") as handle:
+        rows = [row for row in csv.DictReader(handle) if row.get("train/tokens")]
+    assert len(rows) == 4
+    for row in rows:
+        total = float(row["train/tokens"])
+        assert float(row["train/tokens/pydocs"]) + float(row["train/tokens/repo"]) == total
+    # Two ranks of 2 packs of at most 64 real tokens per update: more than one rank could hold.
+    assert float(rows[0]["train/tokens"]) > 2 * 64
+    assert float(rows[-1]["val/loss/pydocs"]) > 0 and float(rows[-1]["val/loss/repo"]) > 0
