@@ -71,9 +71,6 @@ class ValidationSet:
         return evaluation_positions(policy, self.split, self.chunks, self.units)
 
 
-_UNUSED = ()
-
-
 @dataclass
 class Update:
     """The microbatches of one optimizer update and the train sampler's state after them."""
