@@ -12,6 +12,12 @@ memory are its own:
   memory-mapped, the best-fit sampler, validation chunks) and the first epoch plan; seconds and peak RSS
   (VmHWM) of the process, and the RSS it adds over the imports.
 
+* the plan of a 3-component data mixture (data/mixture.py; weights 0.6/0.3/0.1, max_repeat 1/2/4) over
+  synthetic FineWeb-like chunk tables (lengths only: a plan reads no token) at each size and at 10B
+  tokens itself (`BENCH_MIXTURE_TOKENS`, default 10e9): the per-seed permutations, then one epoch's
+  interleaved table, in a fresh process; seconds and the peak RSS it adds. Every rank plans the same
+  epoch from (seed, epoch), so this is the cost per rank.
+
 Every metric gets its growth ratio from 10M to 100M tokens and a linear extrapolation (two points) to
 FineWeb sample-10BT's 10B tokens. Targets (issue 9): prepare >= 85% of raw tiktoken at equal parallelism,
 <= 2.3 bytes per token, reuse start-up seconds and per-rank start-up RSS grow <= 1.3x from 10M to 100M.
@@ -36,6 +42,8 @@ BYTES_PER_TOKEN_TARGET = 2.3
 GROWTH_TARGET = 1.3
 MAX_SEQ_LEN = 1024  # the rank's plan: FineWeb-like documents in packs of 1024, batch 8, buffer 64
 REPO = Path(__file__).resolve().parents[1]
+MIXTURE_TOKENS = int(float(os.environ.get("BENCH_MIXTURE_TOKENS", "10e9")))
+MIXTURE = (("web", 0.6, 1), ("code", 0.3, 2), ("books", 0.1, 4))  # name, weight, max_repeat
 
 
 def _hwm_mib() -> tuple[float, float]:
@@ -88,6 +96,69 @@ def _rank_startup(corpus: str) -> dict:
     }
 
 
+def _mixture_plan(tokens: int) -> dict:
+    """A 3-component mixture's plan over `tokens` synthetic tokens (run in a fresh process): component
+    sizes in proportion to their weight / max_repeat, so every one is used up to its limit."""
+    import numpy as np
+
+    from pretrain.arrays import prefix_sums
+    from pretrain.data.chunking import chunk_table
+    from pretrain.data.mixture import Mixture, MixturePlan
+    from pretrain.data.synthetic import fineweb_like_lengths
+
+    baseline, _ = _hwm_mib()
+    need = np.array([w / r for _, w, r in MIXTURE])
+    parts = []
+    for i, size in enumerate(tokens * need / need.sum()):
+        lengths = fineweb_like_lengths(int(size / np.exp(6.5)) + 1, seed=i)
+        parts.append(lengths[: int(np.searchsorted(np.cumsum(lengths), size, side="right")) or 1])
+    lengths = np.concatenate(parts)
+    offsets = prefix_sums(lengths)
+    table = chunk_table(offsets[:-1], lengths, MAX_SEQ_LEN)
+    mixture = Mixture(
+        names=tuple(n for n, _, _ in MIXTURE),
+        weights=tuple(w for _, w, _ in MIXTURE),
+        max_repeat=tuple(r for _, _, r in MIXTURE),
+        doc_bounds=prefix_sums([len(p) for p in parts]),
+        token_bounds=offsets[prefix_sums([len(p) for p in parts])],
+        key={},
+    )
+    del parts, lengths
+    table_rss, _ = _hwm_mib()
+    started = time.perf_counter()
+    plan = MixturePlan(mixture, table, None, seed=1234)  # the per-seed permutations
+    setup_s = time.perf_counter() - started
+    started = time.perf_counter()
+    epoch = plan.epoch(0)
+    epoch_s = time.perf_counter() - started
+    _, hwm = _hwm_mib()
+    return {
+        "tokens": int(offsets[-1]),
+        "chunks": len(table),
+        "epoch_chunks": len(epoch.table),
+        "setup_s": setup_s,
+        "epoch_s": epoch_s,
+        "plan_s": setup_s + epoch_s,
+        "table_mib": table_rss - baseline,
+        "plan_added_rss_mib": hwm - table_rss,  # over the chunk table every sampler holds anyway
+        "uses_per_epoch": [round(float(u), 4) for u in plan.uses_per_epoch()],
+    }
+
+
+def measure_mixture_plan(tokens: int) -> dict:
+    result = subprocess.run(
+        [sys.executable, __file__, "--mixture-plan", str(tokens)],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        cwd=REPO,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"mixture plan failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def measure_rank_startup(corpus: Path, cache_root: Path) -> dict:
     from bench_prepare import _env  # the same offline, cache-root and state-dir environment
 
@@ -126,6 +197,7 @@ def _measure_size(tokens: int, workdir: Path) -> dict:
     measure_rank_startup(corpus, root)  # the first start after the build: page cache warm for both sizes
     # Best of 3 (the fastest start): sub-second phases are otherwise at the mercy of a shared machine.
     out["rank"] = min((measure_rank_startup(corpus, root) for _ in range(3)), key=lambda r: r["startup_s"])
+    out["mixture"] = measure_mixture_plan(tokens)
     return out
 
 
@@ -171,6 +243,17 @@ def run() -> dict:
         ("rank start-up peak RSS MiB", rank["peak_rss_mib"], "linear", f"growth <= {GROWTH_TARGET}"),
         ("  RSS added over the imports MiB", rank["added_rss_mib"], "linear", ""),
     ]
+    mixture = {key: [measured[s]["mixture"][key] for s in sizes] for key in ("plan_s", "plan_added_rss_mib")}
+    at_10b = measure_mixture_plan(MIXTURE_TOKENS)  # measured at 10B tokens itself, not extrapolated
+    metrics += [
+        ("3-component mixture plan s (per rank)", mixture["plan_s"], f"measured {at_10b['plan_s']:.1f}", ""),
+        (
+            "  its RSS over the chunk table MiB",
+            mixture["plan_added_rss_mib"],
+            f"measured {at_10b['plan_added_rss_mib']:,.0f}",
+            "",
+        ),
+    ]
     rows, verdicts = [], {}
     for name, values, how, target in metrics:
         growth = values[-1] / values[0] if values[0] else float("nan")
@@ -179,6 +262,8 @@ def run() -> dict:
             extrapolated = f"{at_10b:.2f} h"
         elif how == "same":
             extrapolated = f"{values[-1]:.3g}"
+        elif how.startswith("measured"):
+            extrapolated = how
         else:
             extrapolated = f"{_extrapolate(actual, values):,.3g}"
         row = {"metric": name}
@@ -204,6 +289,7 @@ def run() -> dict:
         "summary": summary,
         "verdicts": verdicts,
         "measured": {str(s): measured[s] for s in sizes},
+        "mixture_at_10b": at_10b,
         "targets": {
             "throughput_ratio": THROUGHPUT_TARGET,
             "bytes_per_token": BYTES_PER_TOKEN_TARGET,
@@ -215,6 +301,8 @@ def run() -> dict:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--rank-startup"]:
         print(json.dumps(_rank_startup(sys.argv[2])))
+    elif sys.argv[1:2] == ["--mixture-plan"]:
+        print(json.dumps(_mixture_plan(int(float(sys.argv[2])))))
     else:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         print(json.dumps(run(), indent=2, default=str))

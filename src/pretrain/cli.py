@@ -61,19 +61,42 @@ def cmd_prepare(overrides: list[str]) -> int:
     from .prepare_tasks import run_prepare
 
     config = to_config(load_config(overrides))
-    path, cache = run_prepare(config)  # a task (prepare.task=i) prints its part file instead
-    if cache is not None:
-        Console().print(counts_table(cache))
-    print(path)
+    # A mixture: each component's cache in turn (its own source and budget), one directory per line.
+    for one in component_configs(config) if config.mixture is not None else [config]:
+        path, cache = run_prepare(one)  # a task (prepare.task=i) prints its part file instead
+        if cache is not None:
+            Console().print(counts_table(cache))
+        print(path)
     return 0
 
 
+def component_configs(config):
+    """A mixture's components as single-source configs (`source` and `budget` theirs, no mixture)."""
+    from dataclasses import replace
+
+    assert config.mixture is not None
+    return [
+        replace(config, source=c.source, budget=c.budget or config.budget, mixture=None)
+        for c in config.mixture.components.values()
+    ]
+
+
 def cmd_verify(overrides: list[str]) -> int:
-    """Full sha256 verification of the config's cache, in place (it may be read-only)."""
+    """Full sha256 verification of the config's cache (a mixture: each component's), in place (it may
+    be read-only)."""
+    from .data.mixture import MixtureSpec
     from .data.prepare import verify_existing
 
-    _, spec = _cache_spec(overrides)
-    result = verify_existing(spec, "full")
+    config, spec = _cache_spec(overrides)
+    mixture = MixtureSpec.from_config(config)
+    for one in [spec] if mixture is None else [c.cache for c in mixture.components]:
+        result = verify_existing(one, "full")
+        Console().print(verification_table(result))
+        print(result.directory)
+    return 0
+
+
+def verification_table(result) -> Table:
     table = Table(title=f"verify {result.directory.name} (full)")
     for column in ("file", "bytes", "sha256", "check"):
         table.add_column(column, justify="right" if column == "bytes" else "left")
@@ -88,22 +111,30 @@ def cmd_verify(overrides: list[str]) -> int:
         + (index if result.index_checked else "")
         + f"{result.seconds:.1f} s; verified record: {result.record or 'none (nowhere writable)'}"
     )
-    Console().print(table)
-    print(result.directory)
-    return 0
+    return table
 
 
 def cmd_inspect(overrides: list[str], output: str | None) -> int:
     config, spec = _cache_spec(overrides)
+    from .data.mixture import MixtureSpec
     from .data.policies import PolicySettings
     from .data.prepare import prepare_cache
     from .data.stats import inspect_split, render_table
 
     settings = PolicySettings.from_config(config.data, config.train, config.seed)
-    cache = prepare_cache(spec)
-    stats = inspect_split(
-        settings, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir
-    )
+    mixture = MixtureSpec.from_config(config)
+    if mixture is None:
+        cache = prepare_cache(spec)
+        stats = inspect_split(
+            settings, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir
+        )
+    else:  # the mixed epoch, and each component's statistics under mixture.<name>
+        mixture.check_policy(settings.policy)
+        caches = [prepare_cache(component.cache) for component in mixture.components]
+        train, mixed = mixture.mix([cache.split("train") for cache in caches])
+        parts = [cache.split("validation") for cache in caches]
+        validation, _ = mixture.mix(parts)
+        stats = inspect_split(settings, train, validation, mixture=mixed, validation_parts=parts)
     Console().print(render_table(stats))
     if output:  # without one the table is the answer
         path = Path(output)
@@ -166,9 +197,11 @@ def cmd_eval(checkpoint: str, overrides: list[str], output: str | None) -> int:
     table = Table(title=f"eval: {checkpoint} (step {result['step']}, policy {result['policy']})")
     table.add_column("statistic")
     table.add_column("value", justify="right")
-    for key in ("loss", "perplexity", "bits_per_byte", "targets", "documents", "bytes"):
-        value = result[key]
-        table.add_row(key, f"{value:,.4f}" if isinstance(value, float) else f"{value:,}")
+    rows = [("", result), *((f"{name}.", part) for name, part in result.get("components", {}).items())]
+    for prefix, values in rows:  # a mixture: each component's rows after the overall ones
+        for key in ("loss", "perplexity", "bits_per_byte", "targets", "documents", "bytes"):
+            value = values[key]
+            table.add_row(prefix + key, f"{value:,.4f}" if isinstance(value, float) else f"{value:,}")
     Console().print(table)
     if path is not None:
         _write_output(path, json.dumps(result, indent=2) + "\n")

@@ -169,6 +169,45 @@ class BudgetConfig:
 
 
 @dataclass
+class ComponentConfig:
+    """One component of a mixture: its own source (and cache), its share of the training tokens."""
+
+    weight: float = MISSING
+    """its share of the real training tokens (> 0; the weights are normalised to sum to 1)"""
+    max_repeat: int = 1
+    """times its documents may be used per epoch of the mixture (>= 1)"""
+    source: SourceConfig = field(default_factory=SourceConfig)
+    """the keys of a `source` option (kind, files, ...): the component's documents"""
+    budget: BudgetConfig | None = None
+    """its own raw-token budget; null = the run's `budget` group"""
+
+
+@dataclass
+class MixtureConfig:
+    """`mixture=<name>` (conf/mixture/*.yaml): corpora mixed by token share (data/mixture.py)."""
+
+    components: dict[str, ComponentConfig] = field(default_factory=dict)
+    """component name -> its weight, max_repeat, source and optional budget"""
+
+    def __post_init__(self) -> None:
+        if not self.components:
+            raise ConfigError("mixture.components is empty: name at least one component with a source")
+        for name, component in self.components.items():
+            key = f"mixture.components.{name}"
+            if not name.replace("_", "").replace("-", "").isalnum():
+                raise ConfigError(f"{key}: a component name is a metric name: use letters, digits, _ or -")
+            weight = component.weight
+            if not _is_set(weight) or isinstance(weight, bool) or not weight > 0:
+                shown = f"{weight:g}" if isinstance(weight, int | float) else repr(weight)
+                raise ConfigError(f"{key}.weight must be > 0, got {shown}")
+            repeat = component.max_repeat
+            if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+                raise ConfigError(f"{key}.max_repeat must be an integer >= 1, got {repeat!r}")
+            if not _is_set(component.source.kind):
+                raise ConfigError(f"{key}.source.kind is missing: give the keys of a source option")
+
+
+@dataclass
 class CacheConfig:
     rebuild: bool = False
     """rebuild a cache that fails verification instead of stopping"""
@@ -430,6 +469,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    mixture: MixtureConfig | None = None
+    """corpora mixed by token share (`mixture=<name>`); null = the one `source`"""
 
     def __post_init__(self) -> None:
         if _is_set(self.seed) and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:

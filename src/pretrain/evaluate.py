@@ -3,7 +3,8 @@
 The checkpoint's own resolved config (cache, tokenizer, max_seq_len, policy) is the base; overrides go
 on top (`data=padded`, `attn=sdpa`, `train.eval_microbatch_tokens=4096`). Every prediction pair of
 every validation document is scored once, each chunk isolated (data/evaluation.py), so the result is
-the same for every `data.policy`.
+the same for every `data.policy`. A mixture's checkpoint is scored on each component's validation
+split (under `components.<name>`), and the top-level keys are over all of their pairs together.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from .config import Config, config_dir, to_config, upgrade_run_config, with_group_option
 from .data.cache import CacheSpec
 from .data.evaluation import document_bytes, evaluation_batches, evaluation_positions, evaluation_units
+from .data.mixture import MixtureSpec
 from .data.policies import PolicySettings, split_chunks
 from .data.prepare import prepare_cache
 from .data.tokenizer import token_byte_lengths
@@ -77,6 +79,33 @@ def evaluate(
     )
 
 
+def combined(parts: Sequence[Evaluation]) -> Evaluation:
+    """One evaluation over the pairs of several (a mixture's components): sums of nats, targets,
+    bytes and documents, the loss and bits per byte of the sums, position buckets summed."""
+    nats, targets = sum(p.nats for p in parts), sum(p.targets for p in parts)
+    size = sum(p.bytes for p in parts)
+    counts: dict[str, int] = {}
+    bucket_nats: dict[str, float] = {}
+    for part in parts:
+        for bucket, count in part.targets_by_position.items():
+            counts[bucket] = counts.get(bucket, 0) + count
+            bucket_nats[bucket] = (
+                bucket_nats.get(bucket, 0.0) + part.loss_by_position.get(bucket, 0.0) * count
+            )
+    loss = nats / targets if targets else math.nan
+    return Evaluation(
+        loss=loss,
+        perplexity=math.exp(loss) if targets else math.nan,
+        bits_per_byte=nats / math.log(2) / size if size else math.nan,
+        targets=targets,
+        documents=sum(p.documents for p in parts),
+        nats=nats,
+        bytes=size,
+        loss_by_position={b: bucket_nats[b] / c for b, c in counts.items() if c},
+        targets_by_position=counts,
+    )
+
+
 def saved_config(checkpoint: dict, overrides: Sequence[str] = ()) -> Config:
     """The checkpoint's resolved config with `group=option` and `key=value` overrides on top."""
     saved = checkpoint["hyper_parameters"].get("run_config")
@@ -121,14 +150,27 @@ def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict
     backend = check_backend(str(config.attn.backend), device, dtype, training=False)
     model = GPT(gpt_config, attn=backend, attn_compile=config.attn.compile)
     model.load_state_dict(model_weights(checkpoint))
-    spec = CacheSpec.from_config(config)
-    cache = prepare_cache(spec)
-    token_bytes = token_byte_lengths(spec.tokenizer_files, gpt_config.vocab_size)
-    with torch.autocast(device.type, dtype=dtype, enabled=cuda):
-        result = evaluate(model.to(device), cache.split("validation"), settings, token_bytes, progress=True)
+    mixture = MixtureSpec.from_config(config)
+    specs = (
+        {None: CacheSpec.from_config(config)}
+        if mixture is None
+        else {c.name: c.cache for c in mixture.components}
+    )
+    token_bytes = token_byte_lengths(next(iter(specs.values())).tokenizer_files, gpt_config.vocab_size)
+    results: dict[str | None, Evaluation] = {}
+    for name, spec in specs.items():
+        cache = prepare_cache(spec)
+        with torch.autocast(device.type, dtype=dtype, enabled=cuda):
+            split = cache.split("validation")
+            results[name] = evaluate(model.to(device), split, settings, token_bytes, progress=True)
+    result = results[None] if mixture is None else combined(list(results.values()))
     if not result.targets:
+        where = ", ".join(str(spec.directory) for spec in specs.values())
         raise ConfigError(
-            f"the validation split of {cache.directory} has no prediction pairs, so there is nothing to "
+            f"the validation split of {where} has no prediction pairs, so there is nothing to "
             "evaluate: build the cache with split.validation_fraction>0"
         )
-    return {**asdict(result), "step": int(checkpoint.get("global_step", 0)), "policy": settings.policy}
+    out = {**asdict(result), "step": int(checkpoint.get("global_step", 0)), "policy": settings.policy}
+    if mixture is not None:
+        out["components"] = {str(name): asdict(part) for name, part in results.items()}
+    return out

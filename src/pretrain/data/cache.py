@@ -152,18 +152,23 @@ class CacheSpec:
 
     @classmethod
     def from_config(cls, config: Config) -> CacheSpec:
+        """The cache of the run's one `source` (a run without a mixture)."""
+        return cls.for_source(config, config.source, config.budget)
+
+    @classmethod
+    def for_source(cls, config: Config, source: SourceConfig, budget: BudgetConfig) -> CacheSpec:
+        """The cache of `source` under `budget` with the rest of `config` (tokenizer, split, cache
+        settings): the run's source, or a mixture component's (each its own identity and directory)."""
         root = cache_root(config.cache_root)
         verify = str(config.cache.verify)  # quick | full: the schema's enum refused anything else
         tokenizer_files = resolve_files(config.tokenizer)
         dtype = resolve_token_dtype(config.cache.token_dtype, tokenizer_files)
-        identity = cache_identity(
-            config.source, config.tokenizer, tokenizer_files, config.split, config.budget, dtype
-        )
+        identity = cache_identity(source, config.tokenizer, tokenizer_files, config.split, budget, dtype)
         return cls(
             root=root,
             identity=identity,
             key=identity_key(identity),
-            source=config.source,
+            source=source,
             tokenizer_files=tokenizer_files,
             rebuild=bool(config.cache.rebuild),
             verify=verify,

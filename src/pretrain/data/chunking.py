@@ -70,6 +70,9 @@ class ChunkTable:
     start: np.ndarray  # int64 global token offset of the chunk's first input
     length: np.ndarray  # int32 number of inputs (= targets) in the chunk, 1..max_seq_len
     max_seq_len: int
+    # A mixture's epoch (data/mixture.py): the chunks it trains, already in their planned order, so an
+    # online packer takes them as they are and no policy selects among them again.
+    planned: bool = False
 
     def __len__(self) -> int:
         return len(self.length)

@@ -23,6 +23,11 @@ bucket); the next epoch is planned with the new size. A state of version 2 (a ra
 world size) is read as position cursor x world_size x train.batch_size and update size batch_size x
 accumulation x world_size, its own sizes: exact, since its cursor counted whole rounds of them.
 
+With a mixture (data/mixture.py) the split is the components' splits read as one, and each epoch's
+chunk table is the mixture's plan of that epoch (its chunks in their interleaved order) instead of
+every chunk of the split; the mixture joins the settings a resume checks, and each batch's `meta`
+says how many real tokens of each component it holds (`component_tokens`).
+
 Validation is not a sampler's job: its pairs are the same for every policy (evaluation.py).
 """
 
@@ -37,6 +42,8 @@ import numpy as np
 
 from ..errors import ConfigError
 from .batch import PackedBatch
+from .chunking import ChunkTable
+from .mixture import Mixture, MixturePlan
 from .policies import EpochPlan, Layout, PolicySettings, split_chunks, split_fingerprint
 from .tokens import TokenSplit
 
@@ -60,6 +67,7 @@ class Sampler:
         rank: int = 0,
         world_size: int = 1,
         packs_dir: Path | None = None,
+        mixture: Mixture | None = None,
     ) -> None:
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
@@ -74,6 +82,12 @@ class Sampler:
         self.max_seq_len = settings.max_seq_len
         self.batch_size = settings.batch_size  # units per batch
         self.table = split_chunks(split, settings.max_seq_len)
+        self.mixture = mixture
+        self.mixture_plan = (
+            None
+            if mixture is None
+            else MixturePlan(mixture, self.table, self.policy.trained_chunks(self.table), settings.seed)
+        )
         self.epoch = 0
         self.cursor = 0  # this rank's batches of the epoch served (counted from `offset`)
         self.offset = 0  # global units of the epoch before batch 0 (below world_size x batch_size)
@@ -108,6 +122,7 @@ class Sampler:
         return {
             **order_key(self.settings),
             "split": self.split.name,
+            **({} if self.mixture is None else {"mixture": self.mixture.key}),
             "split_fingerprint": self._split_fingerprint,
         }
 
@@ -116,11 +131,16 @@ class Sampler:
     def _rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng([self.settings.seed & (2**64 - 1), epoch])
 
+    def epoch_table(self, epoch: int) -> ChunkTable:
+        """The chunks `epoch` lays out: every chunk of the split, or the mixture's plan of the epoch."""
+        return self.table if self.mixture_plan is None else self.mixture_plan.epoch(epoch).table
+
     def _layout(self, epoch: int) -> Layout:
-        if self.policy.fixed_layout and self._fixed_layout is not None:
+        fixed = self.policy.fixed_layout and self.mixture_plan is None  # a mixture plans every epoch
+        if fixed and self._fixed_layout is not None:
             return self._fixed_layout
-        layout = self.policy.layout(self.split, self.table, self._rng(epoch), self.packs_dir)
-        if self.policy.fixed_layout:
+        layout = self.policy.layout(self.split, self.epoch_table(epoch), self._rng(epoch), self.packs_dir)
+        if fixed:
             self._fixed_layout = layout
         return layout
 
@@ -186,6 +206,12 @@ class Sampler:
             packs=units,
             chunks=plan.layout.ids(items),
         )
+        if self.mixture is not None:  # each item's component, and the real tokens of each component
+            components = self.mixture.component_of(plan.layout.starts(items))
+            out.meta["components"] = components
+            out.meta["component_tokens"] = np.bincount(
+                components, weights=plan.layout.lengths(items), minlength=len(self.mixture)
+            ).astype(np.int64)
         return out
 
     def epoch_accounting(self, epoch: int | None = None) -> dict:
@@ -363,6 +389,7 @@ def build_sampler(
     rank: int = 0,
     world_size: int = 1,
     packs_dir: Path | None = None,
+    mixture: Mixture | None = None,
 ) -> Sampler:
-    """The training sampler of `settings` (its policy) for one split and rank."""
-    return Sampler(split, settings, rank=rank, world_size=world_size, packs_dir=packs_dir)
+    """The training sampler of `settings` (its policy) for one split (a mixture's mixed split) and rank."""
+    return Sampler(split, settings, rank=rank, world_size=world_size, packs_dir=packs_dir, mixture=mixture)

@@ -7,6 +7,7 @@ one rank); only the leak check reads tokens, block by block.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from rich.table import Table
 from ..arrays import run_positions
 from .audit import audit_plan
 from .evaluation import evaluation_batch_count, evaluation_chunks, validation_pairs
+from .mixture import Mixture, mixture_statistics
 from .policies import PolicySettings
 from .samplers import Sampler, build_sampler
 from .tokens import TokenSplit
@@ -29,6 +31,12 @@ PERCENT_KEYS = frozenset(
         "truncated_documents",
         "dropped_pairs",
         "fragmented_documents",
+        # a mixture component's (mixture.<name>.*)
+        "weight",
+        "share",
+        "documents_used_per_epoch",
+        "update_share_deviation_max",
+        "update_share_deviation_mean",
     }
 )
 LEAK_IDS_NAMED = 3
@@ -125,6 +133,8 @@ def inspect_split(
     packs_dir: Path | None = None,
     audits: bool = True,
     sampler: Sampler | None = None,
+    mixture: Mixture | None = None,
+    validation_parts: Sequence[TokenSplit] | None = None,
 ) -> dict:
     """Statistics of the train split under the policy of `settings` (the inspect-data keys of the
     README), for one rank and epoch 0 (a policy that packs anew each epoch differs slightly per
@@ -145,10 +155,15 @@ def inspect_split(
     training's val/loss scores: the same for every policy).
     `audits=False` leaves out the two costly checks, `train_validation_overlap` (every id) and
     `verbatim_leaks` with `verbatim_leak_ids` (every token), keys and all: what a training run logs
-    at its start."""
+    at its start.
+    With a `mixture` (`train` and `validation` are then its components' splits read as one), the
+    statistics are those of the mixed epoch, and `mixture.<name>` holds each component's
+    (`mixture.mixture_statistics`); `validation_parts` are the components' validation splits, each
+    scored on its own as training's val/loss/<name> does."""
     # A running job passes its own train sampler: its epoch-0 plan is already built (at 10B tokens a
     # plan packed online takes seconds), so the statistics cost no second one.
-    sampler = sampler if sampler is not None else build_sampler(settings, train, packs_dir=packs_dir)
+    if sampler is None:
+        sampler = build_sampler(settings, train, packs_dir=packs_dir, mixture=mixture)
     plan, policy = sampler.plan(0), sampler.policy
     real = plan.real_tokens
     segments = policy.segment_lengths(plan)
@@ -156,7 +171,10 @@ def inspect_split(
     slots = policy.slots(plan)
     global_batches = plan.global_batches
     accumulation = settings.accumulation
-    scored = evaluation_chunks(validation, settings.max_seq_len, validation_pairs(settings))
+    scored = [
+        evaluation_chunks(part, settings.max_seq_len, validation_pairs(settings))
+        for part in (validation_parts or [validation])
+    ]
     own = {"long_docs": str(settings.data.long_docs)}  # named always, also where it is the default
     own.update({key.split(".")[-1]: value for key, value in sampler.policy_settings().items()})
     return {
@@ -181,10 +199,16 @@ def inspect_split(
             "documents": len(validation),
             "raw_tokens": validation.num_tokens,
             "prediction_pairs": validation.num_pairs,
-            "batches": evaluation_batch_count(settings, scored),  # what val/loss scores (one rank)
-            "scored_pairs": scored.total_pairs,
+            "batches": sum(evaluation_batch_count(settings, s) for s in scored),  # val/loss's, one rank
+            "scored_pairs": sum(s.total_pairs for s in scored),
         },
+        **(_mixture(sampler, plan) if sampler.mixture_plan is not None else {}),
     }
+
+
+def _mixture(sampler: Sampler, plan) -> dict:
+    assert sampler.mixture_plan is not None
+    return {"mixture": mixture_statistics(sampler.mixture_plan, plan, sampler.update_units)}
 
 
 def stats_warnings(stats: dict) -> list[str]:
@@ -215,6 +239,8 @@ def _fmt(key: str, value) -> str:
             return f"{100 * value:.2f} %"
         if key == "units_vs_concat":  # Ding et al.'s compactness: differences of 0.01 % matter
             return f"{value:.5f}"
+        if key == "uses_per_epoch":
+            return f"{value:.3f}"
         return f"{value:,.1f}" if math.isfinite(value) else str(value)
     if isinstance(value, int):
         return f"{value:,}"
@@ -238,6 +264,10 @@ def render_table(stats: dict) -> Table:
             continue
         if isinstance(value, dict):
             for sub, item in value.items():
+                if isinstance(item, dict):  # mixture.<component>.<statistic>
+                    for leaf, number in item.items():
+                        table.add_row(f"{key}.{sub}.{leaf}", _fmt(leaf, number))
+                    continue
                 table.add_row(f"{key}.{sub}", _fmt(sub, item))
             continue
         style = "bold red" if key in loud and value else None

@@ -86,9 +86,11 @@ def check_checkpoint(
             "pick the same model=... and data.max_seq_len as the run that saved it"
         )
     if saved.get("cache_key") != cache_key:
+        mixed = any(str(key).startswith("mixture-") for key in (saved.get("cache_key"), cache_key))
+        same = "mixture (its components, weights and max_repeat)" if mixed else "source"
         raise CheckpointError(
             f"ckpt_path={path} was trained on cache {saved.get('cache_key')}, this config gives {cache_key}: "
-            "resume with the same source, tokenizer, split and budget settings"
+            f"resume with the same {same}, tokenizer, split and budget settings"
         )
     step = int(checkpoint.get("global_step", 0))
     if max_steps is not None and step >= max_steps:

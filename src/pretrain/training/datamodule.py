@@ -21,6 +21,10 @@ global_step x a batch size, so a checkpoint resumes on another number of ranks o
 exactly. The update stream has no length: Lightning's epoch never ends and train.max_steps stops the
 run, so a resumed epoch that cuts into another number of batches per rank changes nothing here;
 global_step, the LR schedule and tokens_seen continue from the checkpoint.
+
+With a mixture (data/mixture.py) every component's cache is prepared and verified, the train sampler
+reads their train splits as one, and validation scores each component's own validation pairs (the same
+selection as a run on that component alone), so `val/loss/<name>` sits beside the overall `val/loss`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from ..data.evaluation import (
     evaluation_units,
     validation_pairs,
 )
+from ..data.mixture import MixtureSpec
 from ..data.policies import PolicySettings
 from ..data.prepare import prepare_cache
 from ..data.samplers import Sampler, build_sampler
@@ -52,6 +57,24 @@ from ..errors import CheckpointError, ConfigError
 
 STATE_FORMAT = 1
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ValidationSet:
+    """One rank's validation pairs of one split: a component's (`name`), or the run's one source
+    (`name` None); their packing is computed once."""
+
+    name: str | None
+    split: TokenSplit
+    chunks: ChunkTable
+    units: tuple[np.ndarray, np.ndarray]
+
+    def batches(self, policy: PolicySettings) -> Iterator[PackedBatch]:
+        return evaluation_batches(policy, self.split, self.chunks, self.units)
+
+    def positions(self, policy: PolicySettings) -> Iterator[np.ndarray]:
+        """Beside `batches`: each batch's counted targets' positions in their documents."""
+        return evaluation_positions(policy, self.split, self.chunks, self.units)
 
 
 @dataclass
@@ -96,71 +119,117 @@ def _as_is(item):
 
 
 class PretrainDataModule(L.LightningDataModule):
-    """The cache of `cache` (its identity computed once by the run's entry) batched by `policy`."""
+    """The cache of `cache` (its identity computed once by the run's entry) batched by `policy`; with
+    a `mixture`, its components' caches (`cache` is then unused)."""
 
-    def __init__(self, cache: CacheSpec, policy: PolicySettings):
+    def __init__(self, cache: CacheSpec, policy: PolicySettings, mixture: MixtureSpec | None = None):
         super().__init__()
         self.spec = cache
         self.policy = policy
-        self.cache_key = cache.key
-        self.cache: Cache | None = None
+        self.mixture = mixture
+        if mixture is not None:
+            mixture.check_policy(policy.policy)
+        self.cache_key = cache.key if mixture is None else mixture.key
+        self.cache: Cache | None = None  # the one source's (None with a mixture)
+        self.caches: dict[str, Cache] = {}  # a mixture's, by component
         self.train_sampler: Sampler | None = None
-        self.validation_chunks: ChunkTable | None = None  # this rank's share of the validation pairs
-        self._validation_units: tuple[np.ndarray, np.ndarray] | None = None  # their packing, built once
-        self._validation_split: TokenSplit | None = None
+        self.validation_sets: list[ValidationSet] | None = None  # this rank's share of the pairs
         self._trained_state: dict | None = None  # sampler state after the last trained update
         self._resume_state: dict | None = None  # from a checkpoint, applied when the sampler is built
 
     def prepare_data(self) -> None:
         # Local rank 0 builds or verifies; the other ranks verify in setup() (the file lock makes
         # them wait for a build). Kept so that this process does not hash the files twice.
-        self.cache = prepare_cache(self.spec)
+        self._prepare(progress=True)
+
+    def _prepare(self, progress: bool) -> None:
+        if self.mixture is None:
+            if self.cache is None:
+                self.cache = prepare_cache(self.spec, progress=progress)
+            return
+        for component in self.mixture.components:
+            if component.name not in self.caches:
+                self.caches[component.name] = prepare_cache(component.cache, progress=progress)
+
+    @property
+    def named_caches(self) -> dict[str | None, Cache]:
+        """The caches training reads: the one source's (named None) or each component's."""
+        if self.mixture is None:
+            assert self.cache is not None, "prepare_data() or setup() first"
+            return {None: self.cache}
+        return {name: cache for name, cache in self.caches.items()}
 
     def setup(self, stage: str | None = None) -> None:
-        if self.cache is None:
-            self.cache = prepare_cache(self.spec, progress=False)
+        self._prepare(progress=False)
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         if self.train_sampler is None:
-            train = self.cache.split("train")
-            packs = self.cache.packs_dir
-            self.train_sampler = build_sampler(
-                self.policy, train, rank=rank, world_size=world, packs_dir=packs
-            )
-        if self.validation_chunks is None:
-            self._validation_split = self.cache.split("validation")  # the index is parsed once
-            self.validation_chunks = evaluation_chunks(
-                self._validation_split,
-                self.policy.max_seq_len,
-                validation_pairs(self.policy),
-                rank=rank,
-                world_size=world,
-            )
-            self._validation_units = evaluation_units(self.policy, self.validation_chunks)
+            if self.mixture is None:
+                assert self.cache is not None
+                self.train_sampler = build_sampler(
+                    self.policy,
+                    self.cache.split("train"),
+                    rank=rank,
+                    world_size=world,
+                    packs_dir=self.cache.packs_dir,
+                )
+            else:
+                splits = [self.caches[name].split("train") for name in self.mixture.names]
+                train, mixture = self.mixture.mix(splits)
+                self.train_sampler = build_sampler(
+                    self.policy, train, rank=rank, world_size=world, mixture=mixture
+                )
+        if self.validation_sets is None:
+            self.validation_sets = []
+            for name, cache in self.named_caches.items():
+                split = cache.split("validation")  # the index is parsed once
+                chunks = evaluation_chunks(
+                    split, self.policy.max_seq_len, validation_pairs(self.policy), rank=rank, world_size=world
+                )
+                units = evaluation_units(self.policy, chunks)
+                self.validation_sets.append(ValidationSet(name, split, chunks, units))
             if rank == 0 and not self.has_validation:
+                where = ", ".join(str(cache.directory) for cache in self.named_caches.values())
                 log.warning(
-                    f"the validation split of {self.cache.directory} has no prediction pairs "
+                    f"the validation split of {where} has no prediction pairs "
                     "(split.validation_fraction=0, budget.validation_tokens=0 or too few documents): "
                     "no validation runs and val/loss is not logged; set split.validation_fraction "
                     "above 0 (e.g. 0.05) to validate"
                 )
 
     def validation_batches(self) -> Iterator[PackedBatch]:
-        """This rank's validation batches: the same pairs for every policy (data/evaluation.py)."""
-        assert self._validation_split is not None and self.validation_chunks is not None, "setup() first"
-        split = self._validation_split
-        return evaluation_batches(self.policy, split, self.validation_chunks, self._validation_units)
+        """This rank's validation batches (every set's, in order): the same pairs for every policy."""
+        assert self.validation_sets is not None, "setup() first"
+        for validation in self.validation_sets:
+            yield from validation.batches(self.policy)
 
     def validation_positions(self) -> Iterator[np.ndarray]:
         """Beside `validation_batches`: each batch's counted targets' positions in their documents."""
-        assert self._validation_split is not None and self.validation_chunks is not None, "setup() first"
-        split = self._validation_split
-        return evaluation_positions(self.policy, split, self.validation_chunks, self._validation_units)
+        assert self.validation_sets is not None, "setup() first"
+        for validation in self.validation_sets:
+            yield from validation.positions(self.policy)
+
+    def statistics(self, audits: bool = False) -> dict:
+        """`pretrain inspect-data`'s statistics of this run's data, from its own train sampler's epoch 0
+        (a mixture: the mixed epoch, and each component's under `mixture`)."""
+        from ..data.stats import inspect_split
+
+        assert self.train_sampler is not None, "setup() first"
+        sampler = self.train_sampler
+        if self.mixture is None:
+            assert self.cache is not None
+            validation = self.cache.split("validation")
+            return inspect_split(self.policy, sampler.split, validation, audits=audits, sampler=sampler)
+        parts = [self.caches[name].split("validation") for name in self.mixture.names]
+        validation, _ = self.mixture.mix(parts)
+        return inspect_split(
+            self.policy, sampler.split, validation, audits=audits, sampler=sampler, validation_parts=parts
+        )
 
     @property
     def has_validation(self) -> bool:
-        """False when the validation split (or its selection) has no pair on any rank."""
-        assert self.cache is not None
-        return self.cache.counts()["validation"]["prediction_pairs"] > 0
+        """False when no validation split (or its selection) has a pair on any rank."""
+        counts = (cache.counts()["validation"]["prediction_pairs"] for cache in self.named_caches.values())
+        return sum(counts) > 0
 
     def train_dataloader(self) -> DataLoader:
         assert self.train_sampler is not None, "setup() builds the samplers"
@@ -181,6 +250,7 @@ class PretrainDataModule(L.LightningDataModule):
         if state.get("cache_key") not in (None, self.cache_key):
             raise CheckpointError(
                 f"the checkpoint was trained on cache {state.get('cache_key')}, this config gives "
-                f"{self.cache_key}: resume with the same source, tokenizer, split and budget settings"
+                f"{self.cache_key}: resume with the same source (or mixture), tokenizer, split and budget "
+                "settings"
             )
         self._resume_state = state.get("train_sampler")

@@ -244,9 +244,12 @@ class DataStatistics(Callback):
         if not loggers or not trainer.is_global_zero:
             return
         datamodule = getattr(trainer, "datamodule", None)
-        if datamodule is None or getattr(datamodule, "cache", None) is None:
+        if datamodule is not None and getattr(datamodule, "mixture", None) is not None:
+            flat = flat_statistics(datamodule.statistics())  # the mixed epoch, data/mixture/<name>/...
+        elif datamodule is None or getattr(datamodule, "cache", None) is None:
             return
-        flat = data_statistics(datamodule.policy, datamodule.cache, datamodule.train_sampler)
+        else:
+            flat = data_statistics(datamodule.policy, datamodule.cache, datamodule.train_sampler)
         for logger in loggers:
             logger.log_hyperparams(flat)
 

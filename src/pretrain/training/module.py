@@ -68,6 +68,7 @@ class PretrainModule(L.LightningModule):
         run_config: dict | None = None,
         cache_identity: dict | None = None,
         peak_tflops: float | None = None,
+        mixture_components: list[str] | None = None,
     ):
         super().__init__()
         self.gpt_config = model if isinstance(model, GPTConfig) else GPTConfig(**model)
@@ -85,11 +86,15 @@ class PretrainModule(L.LightningModule):
                 "run_config": run_config,
                 "cache_identity": cache_identity,
                 "peak_tflops": peak_tflops,
+                "mixture_components": mixture_components,
             }
         )
         self.automatic_optimization = False
         self.model = GPT(self.gpt_config, attn=attn_backend, attn_compile=attn_compile)
         self.tokens_seen = 0  # real tokens trained on, all ranks; restored from the checkpoint
+        # A mixture's real tokens per component, all ranks (train/tokens/<name>); checkpointed.
+        self.component_names = list(mixture_components or [])
+        self.component_tokens = [0] * len(self.component_names)
         self.peak_tflops = peak_tflops
         self._peak_flops: float | None = None  # one device's, known at fit start
         self._last_step_end: float | None = None
@@ -145,6 +150,8 @@ class PretrainModule(L.LightningModule):
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         self.tokens_seen += result.real_tokens
+        if self.component_names:
+            self._count_component_tokens(update.microbatches)
         now = time.perf_counter()
         self._last_step_end = now
         # The state after this update is what a checkpoint taken now must resume from.
@@ -164,6 +171,8 @@ class PretrainModule(L.LightningModule):
             "train/attention_cost": update_attention_cost(update.microbatches),  # this rank's
             "lr": lr,
         }
+        for name, tokens in zip(self.component_names, self.component_tokens, strict=True):
+            metrics[f"train/tokens/{name}"] = float(tokens)
         if self._token_budget_reached():
             # train.max_tokens: this update is the last (all ranks agree: tokens_seen is global).
             self.trainer.should_stop = True
@@ -178,6 +187,13 @@ class PretrainModule(L.LightningModule):
         self._log_metrics(metrics)
         self.last_metrics.update(metrics)
         return torch.tensor(result.loss)
+
+    def _count_component_tokens(self, microbatches: list[PackedBatch]) -> None:
+        """Add this update's real tokens per mixture component (every rank's: one small all-reduce)."""
+        mine = np.sum([mb.meta["component_tokens"] for mb in microbatches], axis=0, dtype=np.int64)
+        counts = self._all_reduce_sum(torch.as_tensor(mine, dtype=torch.float64, device=self.device))
+        totals = counts.cpu().numpy().round().astype(np.int64)
+        self.component_tokens = [int(a + b) for a, b in zip(self.component_tokens, totals, strict=True)]
 
     def _log_metrics(self, metrics: dict) -> None:
         """Straight to the loggers, keyed by optimizer steps done. (self.log would keep re-emitting
@@ -209,22 +225,33 @@ class PretrainModule(L.LightningModule):
         return budget is not None and self.tokens_seen >= budget
 
     @torch.no_grad()
-    def validation_sums(self) -> ScoreSums | None:
-        """The validation sums of all ranks (the same pairs for every policy), split by the pairs'
-        positions in their documents; None without validation pairs."""
+    def validation_sums_by_set(self) -> dict[str | None, ScoreSums] | None:
+        """The validation sums of all ranks per validation set (the run's one source, named None, or
+        each mixture component), split by the pairs' positions in their documents; None without
+        validation pairs. One all-reduce for all sets."""
         datamodule = getattr(self.trainer, "datamodule", None)  # set by fit(); not in Trainer's stubs
         assert datamodule is not None, "validation needs the PretrainDataModule"
         if not datamodule.has_validation:
             return None
         progress = ScoringProgress("validation") if self.trainer.is_global_zero else None
-        sums = score_batches(
-            self.model,
-            datamodule.validation_batches(),
-            self.device,
-            progress,
-            positions=datamodule.validation_positions(),
-        )
-        return ScoreSums.from_stacked(self._all_reduce_sum(sums.stacked()))
+        policy, sets = datamodule.policy, datamodule.validation_sets
+        stacked = [
+            score_batches(
+                self.model, v.batches(policy), self.device, progress, positions=v.positions(policy)
+            ).stacked()
+            for v in sets
+        ]
+        reduced = self._all_reduce_sum(torch.stack(stacked)) if len(stacked) > 1 else None
+        if reduced is None:
+            reduced = self._all_reduce_sum(stacked[0])[None]
+        return {v.name: ScoreSums.from_stacked(row) for v, row in zip(sets, reduced, strict=True)}
+
+    def validation_sums(self) -> ScoreSums | None:
+        """The validation sums of all ranks over every validation pair (None without one)."""
+        by_set = self.validation_sums_by_set()
+        if by_set is None:
+            return None
+        return ScoreSums.from_stacked(torch.stack([s.stacked() for s in by_set.values()]).sum(dim=0))
 
     def validation_loss(self) -> float | None:
         """Mean loss over the validation pairs of all ranks (None without one)."""
@@ -233,11 +260,21 @@ class PretrainModule(L.LightningModule):
 
     def validation_metrics(self) -> dict[str, float]:
         """`val/loss` and, per position bucket holding a target, `val/loss_by_position/<bucket>` and
-        `val/targets_by_position/<bucket>` (their count-weighted mean is val/loss)."""
-        sums = self.validation_sums()
-        if sums is None or sums.loss is None:
+        `val/targets_by_position/<bucket>` (their count-weighted mean is val/loss); with a mixture,
+        `val/loss/<name>` of each component's validation pairs (val/loss is over all of them)."""
+        by_set = self.validation_sums_by_set()
+        if by_set is None:
+            return {}
+        if len(by_set) == 1:
+            sums = next(iter(by_set.values()))
+        else:
+            sums = ScoreSums.from_stacked(torch.stack([s.stacked() for s in by_set.values()]).sum(dim=0))
+        if sums.loss is None:
             return {}
         metrics = {"val/loss": sums.loss}
+        for name, component in by_set.items():
+            if name is not None and component.loss is not None:
+                metrics[f"val/loss/{name}"] = component.loss
         counts = sums.count_by_position()
         for bucket, loss in sums.loss_by_position().items():
             metrics[f"val/loss_by_position/{bucket}"] = loss
@@ -250,6 +287,13 @@ class PretrainModule(L.LightningModule):
             "tokens_seen": self.tokens_seen,
             "val_loss": self.last_metrics.get("val/loss"),
         }
+        if self.component_names:
+            checkpoint["pretrain"]["component_tokens"] = dict(
+                zip(self.component_names, self.component_tokens, strict=True)
+            )
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.tokens_seen = int(checkpoint.get("pretrain", {}).get("tokens_seen", 0))
+        saved = checkpoint.get("pretrain", {})
+        self.tokens_seen = int(saved.get("tokens_seen", 0))
+        by_name = saved.get("component_tokens", {})
+        self.component_tokens = [int(by_name.get(name, 0)) for name in self.component_names]

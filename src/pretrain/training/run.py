@@ -30,6 +30,7 @@ from rich.console import Console
 from ..config import Config, to_config
 from ..data.audit import composition_audit
 from ..data.cache import CacheSpec
+from ..data.mixture import MixtureSpec
 from ..data.policies import PolicySettings
 from ..errors import CheckpointError, ConfigError, PretrainError, WriteError
 from ..fileio import write_text_atomic
@@ -113,6 +114,7 @@ class RunSettings:
     policy: PolicySettings
     model: GPTConfig
     cache: CacheSpec  # its identity hashes every local source file: computed here only
+    mixture: MixtureSpec | None  # the components' caches, when the run mixes corpora
     attn_backend: str  # resolved: `auto` is never passed down
     output_dir: Path
 
@@ -127,19 +129,32 @@ class RunSettings:
             from ..hf import check_init_from
 
             check_init_from(config.model.init_from, model, config.model.extend_positions)
-        cache = CacheSpec.from_config(config)
+        mixture = MixtureSpec.from_config(config)
+        if mixture is not None:
+            mixture.check_policy(policy.policy)
+        cache = CacheSpec.from_config(config) if mixture is None else mixture.components[0].cache
         output_dir = _output_dir(config.output_dir)
+        run = cls(config, policy, model, cache, mixture, backend, output_dir)
         if config.ckpt_path != AUTO:  # auto: chosen once the run directory is locked (resolve_auto)
             check_checkpoint(
                 config.ckpt_path,
                 policy.max_seq_len,
                 model,
-                cache.key,
+                run.data_key,
                 config.train.max_steps,
                 policy=policy,
                 world_size=launch_world_size(config.trainer),
             )
-        return cls(config, policy, model, cache, backend, output_dir)
+        return run
+
+    @property
+    def data_key(self) -> str:
+        """What the checkpoint records as `cache_key`: the cache's key, or the mixture's."""
+        return self.cache.key if self.mixture is None else self.mixture.key
+
+    @property
+    def data_identity(self) -> dict:
+        return self.cache.identity if self.mixture is None else self.mixture.identity
 
     def resolve_auto(self) -> RunSettings:
         """`ckpt_path=auto` (under the run directory's lock): its newest checkpoint, checked, or None."""
@@ -150,7 +165,7 @@ class RunSettings:
             found,
             self.policy.max_seq_len,
             self.model,
-            self.cache.key,
+            self.data_key,
             self.config.train.max_steps,
             verified=True,
             policy=self.policy,
@@ -343,17 +358,18 @@ def _trained(output_dir: Path) -> bool:
 def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None) -> dict:
     config, output_dir = run.config, run.output_dir
     L.seed_everything(config.seed, workers=True, verbose=False)
-    datamodule = PretrainDataModule(run.cache, run.policy)
+    datamodule = PretrainDataModule(run.cache, run.policy, run.mixture)
     module = PretrainModule(
         model=run.model,
         train=config.train,
         attn_backend=run.attn_backend,
         max_seq_len=run.policy.max_seq_len,
-        cache_key=run.cache.key,
+        cache_key=run.data_key,
         attn_compile=config.attn.compile,
         run_config=OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True),  # type: ignore[arg-type]
-        cache_identity=run.cache.identity,
+        cache_identity=run.data_identity,
         peak_tflops=config.trainer.peak_tflops,
+        mixture_components=list(run.mixture.names) if run.mixture is not None else None,
     )
     if config.model.init_from and not config.ckpt_path:  # a resume loads its own weights
         from ..hf import init_from
@@ -392,7 +408,15 @@ def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None
         "exit_code": exit_code(stopped_by) if stopped_by is not None else 0,
         "output_dir": str(output_dir),
         "checkpoint": str(last) if trainer.is_global_zero and last.exists() else None,
-        "cache_dir": str(cache.directory) if cache is not None else None,
+        # A mixture has no one cache: each component's directory and its real tokens instead.
+        **(
+            {"cache_dir": str(cache.directory) if cache is not None else None}
+            if run.mixture is None
+            else {
+                "cache_dirs": {n: str(c.directory) for n, c in datamodule.caches.items()},
+                "mixture_tokens": dict(zip(module.component_names, module.component_tokens, strict=True)),
+            }
+        ),
         "policy": run.policy.policy,
         "attn": run.attn_backend,
         "model": config.model.name,
@@ -405,11 +429,11 @@ def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None
         "is_global_zero": trainer.is_global_zero,
         "max_tokens": config.train.max_tokens,
     }
-    if trainer.is_global_zero and cache is not None and datamodule.train_sampler is not None:
+    if trainer.is_global_zero and datamodule.train_sampler is not None:
         # What the policy did to the corpus (data/audit.py), for `pretrain compare`'s table: the
         # sampler's epoch-0 plan is reused (rank zero's layout, as inspect-data reports it).
         summary["composition"] = composition_audit(
-            run.policy, cache.split("train"), sampler=datamodule.train_sampler
+            run.policy, datamodule.train_sampler.split, sampler=datamodule.train_sampler
         )
     plot = None
     if trainer.is_global_zero:

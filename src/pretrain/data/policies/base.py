@@ -140,8 +140,9 @@ class DataPolicy:
         return LongDocs(self.config.long_docs) == LongDocs.truncate
 
     def trained_chunks(self, table: ChunkTable) -> np.ndarray | None:
-        """Ids of the chunks an epoch trains: None for every chunk (chunk), else each document's first."""
-        return first_chunk_ids(table) if self.truncates else None
+        """Ids of the chunks an epoch trains: None for every chunk (chunk), else each document's first
+        (a mixture's planned epoch holds only chunks to train)."""
+        return first_chunk_ids(table) if self.truncates and not table.planned else None
 
     def _non_default(self, key: str, value: object) -> dict:
         """{key: value} when the option differs from its default for this policy, else {}: a composition

@@ -144,6 +144,8 @@ def shuffled(rng: np.random.Generator, count: int) -> np.ndarray:
 def epoch_chunk_order(policy: DataPolicy, table: ChunkTable, rng: np.random.Generator) -> np.ndarray:
     """The chunk ids an online packer takes this epoch, in the epoch's seeded shuffle: every chunk,
     or with data.long_docs=truncate each document's first chunk."""
+    if table.planned:  # a mixture's epoch: its order interleaves the components' shares
+        return np.arange(len(table), dtype=index_dtype(len(table)))
     trained = policy.trained_chunks(table)
     if trained is None:
         return shuffled(rng, len(table))
