@@ -377,7 +377,8 @@ def check_update_size(settings: PolicySettings, world_size: int, saved: SavedPos
 def check_resume(state: dict, settings: PolicySettings, world_size: int | None) -> None:
     """What a sampler would refuse of `state`, checked once before any rank starts (the split's
     identity is the cache key's, checked beside it); `world_size` None: not known yet, not checked."""
-    saved = read_state(state, settings, order_key(settings), ignore=("split", "split_fingerprint"))
+    # The split's identity and a mixture's are the checkpoint's cache key, compared beside this.
+    saved = read_state(state, settings, order_key(settings), ignore=("split", "split_fingerprint", "mixture"))
     if world_size is not None:
         check_update_size(settings, world_size, saved)
 
