@@ -242,6 +242,41 @@ def test_val_loss_at_a_common_optimizer_step_separates_updates_from_tokens(study
         compare([study], output=tmp_path / "z.png", quiet=True, at_step=0.0)
 
 
+def test_a_mixtures_components_get_their_own_val_loss_sections(tmp_path):
+    """Mixture runs log val/loss/<component>: one section per component, mean over the seeds."""
+    for job, (seed, web, docs) in enumerate([(1, 3.0, 4.0), (2, 3.2, 4.4)]):
+        run = write_run(tmp_path / str(job), policy="bestfit", seed=seed, train_loss=3.0, val=(4.0, 3.5))
+        lines = (run / "metrics.csv").read_text().splitlines()
+        lines[0] += ",val/loss/web,val/loss/docs,val/loss_by_position/0-63"
+        lines[1:] = [
+            f"{line},{web},{docs},5.0" if line.split(",")[-1] else f"{line},,," for line in lines[1:]
+        ]
+        (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+    table = arm_table(_arms(tmp_path))
+    web = _rows(table, "final val/loss/web (the web component's validation pairs)")["bestfit"]
+    docs = _rows(table, "final val/loss/docs")["bestfit"]
+    assert (web.summary.n, web.summary.mean) == (2, pytest.approx(3.1))
+    assert docs.summary.values == pytest.approx((4.0, 4.4))
+    assert not [s for s in table.sections if "by_position" in s.metric.name]
+
+
+def test_a_run_in_progress_is_the_same_arm_as_its_finished_seeds(tmp_path):
+    """A run still training has only Hydra's unresolved .hydra/config.yaml: its interpolations are
+    resolved before grouping, so it does not become an arm `max_seq_len=${data.max_seq_len}`."""
+    write_run(tmp_path / "0", policy="padded", seed=1, train_loss=3.0, val=(4.0, 3.0))
+    running = write_run(tmp_path / "1", policy="padded", seed=2, train_loss=3.0, val=(4.0, 3.0))
+    config = yaml.safe_load((running / "config.yaml").read_text())
+    config["model"] = {"max_seq_len": "${data.max_seq_len}"}
+    (running / ".hydra").mkdir()
+    (running / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (running / "config.yaml").unlink()
+    finished = yaml.safe_load((tmp_path / "0" / "config.yaml").read_text())
+    finished["model"] = {"max_seq_len": 64}
+    (tmp_path / "0" / "config.yaml").write_text(yaml.safe_dump(finished))
+    assert load_run(running).config["model"] == {"max_seq_len": 64}
+    assert [(arm.label, arm.n) for arm in _arms(tmp_path)] == [("padded", 2)]
+
+
 def test_differences_to_the_reference_and_the_two_standard_error_decision(study):
     table = arm_table(_arms(study))
     train, final = _rows(table, "final train loss"), _rows(table, "final val loss")

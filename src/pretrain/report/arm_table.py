@@ -10,6 +10,7 @@ The metrics, per run, then summarized over the arm's seeds:
 * val loss at a common optimizer step: by default the last step every run validated at
   (`--at-step N`). At equal real tokens a layout with fewer real tokens per update (padding) has
   taken more updates: this row separates the two;
+* a mixture's final `val/loss/<component>`, one section per component (data/mixture.py);
 * real tokens/s (the run's median) and padding waste (the run's mean).
 A run without a value (it never validated, or its validations do not span the chosen x: it stopped
 short of it or first validated after it; nothing is extrapolated) is left out of that metric's n and
@@ -119,6 +120,14 @@ def metrics(
             at=step,
             missing=f"validations do not span {step_at}: not extrapolated",
         ),
+        *[  # a mixture's components (data/mixture.py): each one's own validation pairs
+            Metric(
+                f"final {key} (the {key.rsplit('/', 1)[1]} component's validation pairs)",
+                lambda run, key=key: run.last(key),
+                missing=f"no {key}",
+            )
+            for key in component_losses(runs)
+        ],
         Metric(
             "real tokens/s (median of the run)",
             lambda run: run_numbers(run)["tokens_per_sec"],
@@ -134,6 +143,12 @@ def metrics(
             missing="no train/padding_waste",
         ),
     ]
+
+
+def component_losses(runs: list[Run]) -> list[str]:
+    """`val/loss/<component>` keys of mixture runs, in first-seen order (val/loss_by_position is not one)."""
+    keys = (key for run in runs for key in run.series)
+    return list(dict.fromkeys(k for k in keys if k.startswith(VAL_LOSS + "/") and k.count("/") == 2))
 
 
 def reference_arm(arms: list[Arm], label: str | None) -> Arm | None:

@@ -93,9 +93,19 @@ class Run:
 
 
 def _load_config(run_dir: Path) -> dict:
+    """The run's config, interpolations resolved: Hydra's `.hydra/config.yaml` (all a run still in
+    progress has) keeps `${data.max_seq_len}`-style references, which would otherwise make a run
+    look like another arm."""
     for candidate in (run_dir / "config.yaml", run_dir / ".hydra" / "config.yaml"):
         if candidate.is_file():
-            return yaml.safe_load(candidate.read_text()) or {}
+            config = yaml.safe_load(candidate.read_text()) or {}
+            try:
+                from omegaconf import OmegaConf
+
+                resolved = OmegaConf.to_container(OmegaConf.create(config), resolve=True)
+            except Exception:  # a resolver only Hydra knows: keep the file's values as written
+                return config
+            return resolved if isinstance(resolved, dict) else config
     return {}
 
 
