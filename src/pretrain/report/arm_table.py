@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from ..errors import ConfigError
 from ..training.run_record import LOSS, Run, run_numbers
@@ -123,7 +124,7 @@ def metrics(
         *[  # a mixture's components (data/mixture.py): each one's own validation pairs
             Metric(
                 f"final {key} (the {key.rsplit('/', 1)[1]} component's validation pairs)",
-                lambda run, key=key: run.last(key),
+                partial(_last, key=key),
                 missing=f"no {key}",
             )
             for key in component_losses(runs)
@@ -143,6 +144,10 @@ def metrics(
             missing="no train/padding_waste",
         ),
     ]
+
+
+def _last(run: Run, key: str) -> float:
+    return run.last(key)
 
 
 def component_losses(runs: list[Run]) -> list[str]:
