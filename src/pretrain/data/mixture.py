@@ -48,6 +48,7 @@ import numpy as np
 from ..arrays import prefix_sums
 from ..errors import ConfigError, PretrainError
 from .chunking import ChunkTable
+from .policies import REGISTRY, policy_class
 from .policies.layout import EpochPlan, index_dtype, shuffled
 from .tokens import TokenSplit
 
@@ -133,10 +134,12 @@ class MixtureSpec:
         return mix_splits(splits, self.names, weights, repeat, self.resume_key())
 
     def check_policy(self, policy: str) -> None:
-        if str(policy) == "prepacked":
+        """A policy whose layout is one stream fixed ahead of time cannot lay out a mixture's epochs."""
+        if not policy_class(policy).mixes:
+            able = ", ".join(str(name) for name, cls in REGISTRY.items() if cls.mixes)
             raise ConfigError(
-                "data=prepacked packs one fixed token stream ahead of time, a mixture plans its chunks per "
-                "epoch: use data=bestfit, firstfit, padded or vsl with mixture=..."
+                f"data={policy} packs one fixed token stream ahead of time, a mixture plans its chunks per "
+                f"epoch: use data={able} with mixture=..."
             )
 
 

@@ -125,6 +125,9 @@ class DataPolicy:
     # True when `unit_order` groups the units into whole optimizer updates (vsl: one bucket per update):
     # the plan then depends on the update size, which a resumed epoch keeps (Sampler.load_state_dict).
     whole_updates: ClassVar[bool] = False
+    # False when the layout is one stream fixed ahead of time (prepacked), so a table planned anew every
+    # epoch (a mixture's, data/mixture.py) cannot be laid out.
+    mixes: ClassVar[bool] = True
     # Resume-key names of older checkpoints -> today's (a state saved before a key moved still resumes).
     renamed_settings: ClassVar[dict[str, str]] = {}
 

@@ -41,6 +41,7 @@ class PrepackedConfig(PackingConfig):
 class PrepackedPolicy(PackingPolicy):
     name = Policy.prepacked
     config_class = PrepackedConfig
+    mixes = False  # one stream packed offline, not a table planned per epoch
     config: PrepackedConfig
 
     def layout(
