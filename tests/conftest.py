@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,11 @@ from helpers.configs import compose, local_overrides
 from helpers.env import _SESSION_CACHE_ROOT, OFFLINE_ENV
 from helpers.sources import write_jsonl, write_parquet
 from helpers.texts import fixture_texts
+
+# A suite started in the background (`nohup make test &`, `(cmd &)` in a script) inherits SIGINT ignored,
+# and so would every process it starts: the Ctrl-C and preemption tests need Python's default handler.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
