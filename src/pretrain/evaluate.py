@@ -63,19 +63,36 @@ def evaluate(
         ticker,
         positions=evaluation_positions(settings, split, table, units),
     )
-    total_nats, targets = float(sums.nats), int(sums.targets)
-    size = document_bytes(split, token_bytes)
-    loss = total_nats / targets if targets else math.nan
+    return _evaluation(
+        float(sums.nats),
+        int(sums.targets),
+        document_bytes(split, token_bytes),
+        len(split),
+        sums.loss_by_position(),
+        sums.count_by_position(),
+    )
+
+
+def _evaluation(
+    nats: float,
+    targets: int,
+    size: int,
+    documents: int,
+    loss_by_position: dict[str, float],
+    targets_by_position: dict[str, int],
+) -> Evaluation:
+    """The numbers of `nats` over `targets` pairs of `documents` documents of `size` bytes."""
+    loss = nats / targets if targets else math.nan
     return Evaluation(
         loss=loss,
         perplexity=math.exp(loss) if targets else math.nan,
-        bits_per_byte=total_nats / math.log(2) / size if size else math.nan,
+        bits_per_byte=nats / math.log(2) / size if size else math.nan,
         targets=targets,
-        documents=len(split),
-        nats=total_nats,
+        documents=documents,
+        nats=nats,
         bytes=size,
-        loss_by_position=sums.loss_by_position(),
-        targets_by_position=sums.count_by_position(),
+        loss_by_position=loss_by_position,
+        targets_by_position=targets_by_position,
     )
 
 
@@ -92,17 +109,13 @@ def combined(parts: Sequence[Evaluation]) -> Evaluation:
             bucket_nats[bucket] = (
                 bucket_nats.get(bucket, 0.0) + part.loss_by_position.get(bucket, 0.0) * count
             )
-    loss = nats / targets if targets else math.nan
-    return Evaluation(
-        loss=loss,
-        perplexity=math.exp(loss) if targets else math.nan,
-        bits_per_byte=nats / math.log(2) / size if size else math.nan,
-        targets=targets,
-        documents=sum(p.documents for p in parts),
-        nats=nats,
-        bytes=size,
-        loss_by_position={b: bucket_nats[b] / c for b, c in counts.items() if c},
-        targets_by_position=counts,
+    return _evaluation(
+        nats,
+        targets,
+        size,
+        sum(p.documents for p in parts),
+        {b: bucket_nats[b] / c for b, c in counts.items() if c},
+        counts,
     )
 
 

@@ -85,41 +85,36 @@ def metrics(
 ) -> list[Metric]:
     """The table's metrics; the interpolated ones at `at_tokens` / `at_seconds` / `at_step` or at the
     runs' common reach."""
-    tokens = float(at_tokens) if at_tokens is not None else common_reach(runs, "series")
-    seconds = float(at_seconds) if at_seconds is not None else common_reach(runs, "by_time")
-    tokens_how = "--at-tokens" if at_tokens is not None else "the most every run reached in validation"
-    seconds_how = "--at-seconds" if at_seconds is not None else "the longest every run reached in validation"
-    step = float(at_step) if at_step is not None else common_reach(runs, "by_step")
-    step_how = "--at-step" if at_step is not None else "the last step every run validated at"
-    step_at = f"optimizer step {step:,.0f}"
-    if not math.isfinite(step):
-        step_at, step_how = "a common optimizer step", "no run validated"
-    tokens_at = f"{tokens:,.0f} real tokens"
-    seconds_at = f"{seconds:,.1f} training seconds"
-    if not math.isfinite(tokens):
-        tokens_at, tokens_how = "a common real-token count", "no run validated"
-    if not math.isfinite(seconds):
-        seconds_at, seconds_how = "a common training time", "no run validated with step seconds logged"
     return [
         Metric("final train loss", lambda run: run.last(LOSS), missing="no train/loss"),
         Metric("final val loss", lambda run: run.last(VAL_LOSS), missing="never validated"),
-        Metric(
-            f"val loss at {tokens_at} (interpolated; {tokens_how})",
-            lambda run: interpolate_at(run.series.get(VAL_LOSS, []), tokens),
-            at=tokens,
-            missing=f"validations do not span {tokens_at}: not extrapolated",
+        _interpolated(
+            runs,
+            "series",
+            at_tokens,
+            "--at-tokens",
+            "{:,.0f} real tokens",
+            ("a common real-token count", "the most every run reached in validation"),
         ),
-        Metric(
-            f"val loss at {seconds_at} (interpolated; {seconds_how})",
-            lambda run: interpolate_at(run.by_time.get(VAL_LOSS, []), seconds),
-            at=seconds,
-            missing=f"validations do not span {seconds_at}: not extrapolated",
+        _interpolated(
+            runs,
+            "by_time",
+            at_seconds,
+            "--at-seconds",
+            "{:,.1f} training seconds",
+            (
+                "a common training time",
+                "the longest every run reached in validation",
+                "no run validated with step seconds logged",
+            ),
         ),
-        Metric(
-            f"val loss at {step_at} (interpolated; {step_how})",
-            lambda run: interpolate_at(run.by_step.get(VAL_LOSS, []), step),
-            at=step,
-            missing=f"validations do not span {step_at}: not extrapolated",
+        _interpolated(
+            runs,
+            "by_step",
+            at_step,
+            "--at-step",
+            "optimizer step {:,.0f}",
+            ("a common optimizer step", "the last step every run validated at"),
         ),
         *[  # a mixture's components (data/mixture.py): each one's own validation pairs
             Metric(
@@ -148,6 +143,24 @@ def metrics(
 
 def _last(run: Run, key: str) -> float:
     return run.last(key)
+
+
+def _interpolated(
+    runs: list[Run], axis: str, chosen: float | None, option: str, at_fmt: str, default: tuple[str, ...]
+) -> Metric:
+    """val loss read on `axis` (a Run series: real tokens, seconds or steps) at `chosen` (its `option`)
+    or, by default, at the runs' common reach; `default` = (the x in words, how the default is chosen,
+    optionally why no run has one)."""
+    x = float(chosen) if chosen is not None else common_reach(runs, axis)
+    at, how = at_fmt.format(x), option if chosen is not None else default[1]
+    if not math.isfinite(x):
+        at, how = default[0], default[2] if len(default) > 2 else "no run validated"
+    return Metric(
+        f"val loss at {at} (interpolated; {how})",
+        lambda run: interpolate_at(getattr(run, axis).get(VAL_LOSS, []), x),
+        at=x,
+        missing=f"validations do not span {at}: not extrapolated",
+    )
 
 
 def component_losses(runs: list[Run]) -> list[str]:

@@ -18,7 +18,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 
-from ..training.run_record import Run, layout_options
+from ..training.run_record import Run, layout_options, policy_layout_options
 
 log = logging.getLogger(__name__)
 
@@ -140,14 +140,9 @@ def layout_label(arm: Arm, arms: list[Arm]) -> str:
     """The arm's policy and each of its layout options that is not at the policy's default or that
     varies among the arms of that policy (`prepacked document_mask=false strategy=concat` beside
     `prepacked document_mask=true strategy=bfd`): a default is named where it tells arms apart."""
-    from ..data.policies import policy_class
-    from ..errors import PretrainError
-
     data = arm.config.get("data") or {}
-    policy = str(data.get("policy", "?"))
-    try:
-        options = layout_options(policy_class(policy).config_class)
-    except PretrainError:  # a policy this version does not know: its name alone
+    policy, options = policy_layout_options(data)
+    if options is None:  # a policy this version does not know: its name alone
         return policy
     siblings = [
         other.config.get("data") or {}

@@ -36,16 +36,24 @@ def layout_options(config_class: type) -> dict[str, object]:
     }
 
 
-def arm_name(data: dict) -> str:
-    """The batch layout a run's `data` group chooses: its policy, plus each layout option that differs
-    from the policy's default (`padded pad_to=longest`, `prepacked strategy=bfd`)."""
+def policy_layout_options(data: dict) -> tuple[str, dict[str, object] | None]:
+    """A `data` group's policy name and its layout options with their defaults; None for a policy this
+    version does not know (named by its name alone)."""
     from ..data.policies import policy_class
     from ..errors import PretrainError
 
     policy = str(data.get("policy", "?"))
     try:
-        options = layout_options(policy_class(policy).config_class)
-    except PretrainError:  # a policy this version does not know: its name alone
+        return policy, layout_options(policy_class(policy).config_class)
+    except PretrainError:
+        return policy, None
+
+
+def arm_name(data: dict) -> str:
+    """The batch layout a run's `data` group chooses: its policy, plus each layout option that differs
+    from the policy's default (`padded pad_to=longest`, `prepacked strategy=bfd`)."""
+    policy, options = policy_layout_options(data)
+    if options is None:
         return policy
     changed = [
         f"{k}={data[k]}" for k, default in options.items() if k in data and str(data[k]) != str(default)
