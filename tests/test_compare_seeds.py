@@ -1,6 +1,6 @@
 """Seed-aware `pretrain compare`: runs that differ only in `seed` form one arm; the arms' table gives
 mean, std and n (interpolated val loss at a common real-token count and training time included) and
-each arm's Welch difference to a reference arm. Runs are hand-written (config.yaml, metrics.csv) with
+each arm's t-based comparison with a reference arm. Runs are hand-written (config.yaml, metrics.csv) with
 known numbers: nothing trains, no cache is read."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import yaml
+from scipy import stats
 from wandb_records import OfflineRun, finished_run_file
 
 from pretrain.cli import main, parse_args
@@ -21,8 +22,7 @@ from pretrain.report.arm_table import WANDB_COLUMNS, arm_table, common_reach, ma
 from pretrain.report.arms import group_arms
 from pretrain.report.compare import compare, figure, find_runs, load_run
 from pretrain.report.statistics import (
-    Summary,
-    difference,
+    detectable_effect,
     interpolate_at,
     mean_curve,
     mean_points,
@@ -277,41 +277,89 @@ def test_a_run_in_progress_is_the_same_arm_as_its_finished_seeds(tmp_path):
     assert [(arm.label, arm.n) for arm in _arms(tmp_path)] == [("padded", 2)]
 
 
-def test_differences_to_the_reference_and_the_two_standard_error_decision(study):
+def test_comparisons_with_the_reference_pair_seeds_and_mark_only_holm_significant_ones(study):
     table = arm_table(_arms(study))
     train, final = _rows(table, "final train loss"), _rows(table, "final val loss")
-    assert train[A].difference is None  # the reference itself
-    # train loss: bestfit - padded = -0.6, SE = sqrt(0.1^2/3 + 0.1^2/3) = 0.0816: exceeded
-    diff = train[B].difference
-    assert diff is not None
-    assert (diff.diff, diff.se, diff.exceeds) == (
+    assert train[A].comparison is None  # the reference itself
+    # train loss: bestfit - padded = -0.6 for every seed (paired: seeds 1-3 in both): no spread
+    c = train[B].comparison
+    assert c is not None and (c.test, c.n, c.df) == ("paired t", 3, 2)
+    assert (c.diff, c.low, c.high, c.p) == (
         pytest.approx(-0.6),
-        pytest.approx(math.sqrt(0.02 / 3)),
-        True,
+        pytest.approx(-0.6),
+        pytest.approx(-0.6),
+        0.0,
     )
-    # val loss: -0.2, SE = sqrt(0.2^2/3 + 0.1^2/3) = 0.129: within 2 SE
-    diff = final[B].difference
-    assert diff is not None
-    assert (diff.diff, diff.se, diff.exceeds) == (
+    assert c.holm == 0.0 and c.significant is True  # the only tested arm: Holm changes nothing
+    # val loss: per-seed differences -0.1, -0.2, -0.3: a paired t test with 2 degrees of freedom
+    c = final[B].comparison
+    expected = stats.ttest_rel([2.9, 3.0, 3.1], [3.0, 3.2, 3.4])
+    interval = expected.confidence_interval()
+    assert (c.diff, c.p, c.low, c.high) == (
         pytest.approx(-0.2),
-        pytest.approx(math.sqrt(0.05 / 3)),
-        False,
+        pytest.approx(expected.pvalue),
+        pytest.approx(interval.low),
+        pytest.approx(interval.high),
     )
-    # a single-seed arm: the difference, no SE, no decision
-    diff = final[C].difference
-    assert diff is not None
-    assert diff.diff == pytest.approx(2.8 - 3.2) and math.isnan(diff.se) and diff.exceeds is None
+    assert c.p == pytest.approx(0.0742, abs=1e-4) and c.significant is False  # t = -3.46, df 2
+    assert c.mde == pytest.approx(detectable_effect(0.1 / math.sqrt(3), 2))
+    # unpaired, the same numbers: Welch's test, wider
+    welch = _rows(arm_table(_arms(study), paired=False), "final val loss")[B].comparison
+    assert welch.test == "Welch t" and welch.p == pytest.approx(
+        stats.ttest_ind([2.9, 3.0, 3.1], [3.0, 3.2, 3.4], equal_var=False).pvalue
+    )
+    assert welch.p > c.p
+    # a single-seed arm: the difference, no test, no decision
+    c = final[C].comparison
+    assert (
+        c.test == "n<2" and c.diff == pytest.approx(2.8 - 3.2) and math.isnan(c.p) and c.significant is None
+    )
     text = markdown(table)
-    assert f"reference: `{A}`" in text and "Welch-style, seeds unpaired" in text
+    assert f"reference: `{A}`" in text and "Holm" in text and "paired t" in text
     section = text.split("### final train loss")[1].split("###")[0]
-    assert f"| {A} | 3 | 3.2000 | 0.1000 | reference |  |  |" in section
-    assert f"| {B} | 3 | 2.6000 | 0.1000 | -0.6000 | 0.0816 | yes |" in section
-    assert f"| {C} | 1 | 3.0000 | n/a | -0.2000 | n/a | n<2 |" in section
+    assert f"| {A} | 3 | 3.2000 | 0.1000 | reference |  |  |  |  |  |" in section
+    assert (
+        f"| {B} | 3 | 2.6000 | 0.1000 | -0.6000 [-0.6000, -0.6000] | <0.001 | <0.001 | 0.0000 | paired t "
+        "| yes |" in section
+    )
+    assert f"| {C} | 1 | 3.0000 | n/a | -0.2000 | n/a | n/a | n/a | n<2 | n<2 |" in section
     section = text.split("### final val loss")[1].split("###")[0]
-    assert f"| {B} | 3 | 3.0000 | 0.1000 | -0.2000 | 0.1291 | no |" in section
+    low, high = f"{interval.low:+.4f}", f"{interval.high:+.4f}"
+    mde = f"{final[B].comparison.mde:.4f}"
+    assert (
+        f"| {B} | 3 | 3.0000 | 0.1000 | -0.2000 [{low}, {high}] | 0.074 | 0.074 | {mde} | paired t | no |"
+        in section
+    )
+    assert "significant" not in section  # the word only where Holm p < 0.05 (the legend explains it)
     # another reference: the differences turn around
     other = _rows(arm_table(_arms(study), reference=B), "final train loss")
-    assert other[B].difference is None and other[A].difference.diff == pytest.approx(0.6)
+    assert other[B].comparison is None and other[A].comparison.diff == pytest.approx(0.6)
+
+
+def test_holm_adjusts_across_the_arms_compared_with_one_reference(tmp_path):
+    """Three arms against padded, paired by seed: each section's p values are one Holm family."""
+    deltas = {"bestfit": (-0.30, -0.28, -0.33), "firstfit": (-0.10, 0.02, -0.12), "vsl": (0.05, -0.07, 0.01)}
+    job = 0
+    for seed in (1, 2, 3):
+        write_run(tmp_path / str(job), policy="padded", seed=seed, train_loss=3.0, val=(4.0, 3.0 + seed / 10))
+        job += 1
+    for policy, moved in deltas.items():
+        for seed, delta in zip((1, 2, 3), moved, strict=True):
+            val = (4.0, 3.0 + seed / 10 + delta)
+            write_run(tmp_path / str(job), policy=policy, seed=seed, train_loss=3.0, val=val)
+            job += 1
+    rows = _rows(arm_table(_arms(tmp_path)), "final val loss")
+    raw = {policy: stats.ttest_1samp(moved, 0.0).pvalue for policy, moved in deltas.items()}
+    order = sorted(raw, key=raw.get)
+    expected, running = {}, 0.0
+    for rank, policy in enumerate(order):  # Holm by hand: (m - rank) p, made monotone, capped at 1
+        running = max(running, min(1.0, (3 - rank) * raw[policy]))
+        expected[policy] = running
+    for policy in deltas:
+        c = rows[policy].comparison
+        assert c.p == pytest.approx(raw[policy]) and c.holm == pytest.approx(expected[policy])
+        assert c.significant is bool(expected[policy] < 0.05)
+    assert rows["bestfit"].comparison.significant is True and rows["vsl"].comparison.significant is False
 
 
 def test_an_unknown_reference_is_a_clear_error(study):
@@ -410,11 +458,6 @@ def test_statistics_on_known_values():
     summary = summarize([1.0, math.nan, 3.0])  # a seed without the value is left out
     assert (summary.n, summary.mean, summary.std) == (2, 2.0, pytest.approx(math.sqrt(2)))
     assert summary.band() == (1.0, 3.0)
-    wide = difference(Summary((1.0, 3.0)), Summary((0.0, 0.0)))
-    assert (wide.diff, wide.se, wide.exceeds) == (2.0, 1.0, False)  # 2 SE exactly is not beyond
-    narrow = difference(Summary((1.0, 1.2)), Summary((0.0, 0.2)))
-    assert narrow.exceeds is True and narrow.se == pytest.approx(math.sqrt(0.02))
-    assert difference(Summary((1.0,)), Summary((0.0, 0.2))).exceeds is None
 
 
 def test_compare_writes_both_tables_and_logs_the_arms_table_to_wandb(study, tmp_path, monkeypatch):
@@ -441,9 +484,12 @@ def test_compare_writes_both_tables_and_logs_the_arms_table_to_wandb(study, tmp_
     assert len(rows) == 7 * 3  # seven metrics x three arms
     (padded,) = [r for r in rows if r["metric"] == "final train loss" and r["arm"] == A]
     assert padded["n"] == 3 and padded["mean"] == pytest.approx(3.2) and padded["std"] == pytest.approx(0.1)
-    assert padded["diff"] == pytest.approx(0.6) and padded["exceeds_2se"] is True  # against bestfit
+    assert padded["diff"] == pytest.approx(0.6) and padded["significant"] is True  # against bestfit
+    assert (padded["test"], padded["p"], padded["p_holm"]) == ("paired t", 0.0, 0.0)
+    assert padded["ci_low"] == pytest.approx(0.6) and padded["mde"] == 0.0
     (single,) = [r for r in rows if r["metric"].startswith("val loss at 300 real tokens") and r["arm"] == C]
-    assert single["at"] == 300.0 and single["std"] is None and single["exceeds_2se"] is None
+    assert single["at"] == 300.0 and single["std"] is None and single["significant"] is None
+    assert single["test"] == "n<2" and single["p"] is None and single["ci_low"] is None
     assert "compare/table" in row  # the per-run table stays
     assert run.config_value("reference") == B
 

@@ -156,6 +156,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         at_tokens=args.at_tokens,
         at_seconds=args.at_seconds,
         at_step=args.at_step,
+        paired=not args.unpaired,
     )
     return 0
 
@@ -275,6 +276,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="optimizer step at which val loss is interpolated "
         "(default: the last step every run validated at)",
+    )
+    compare.add_argument(
+        "--unpaired",
+        action="store_true",
+        help="Welch's t test for every arm; by default arms that ran the same seeds are compared "
+        "seed by seed (paired t)",
     )
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and bits per byte of a checkpoint")
     evaluate.add_argument("checkpoint", help="a .ckpt written by python train.py")

@@ -1,5 +1,7 @@
-"""The arms' table: each metric's mean, std and n over an arm's seeds, and each arm's difference to a
-reference arm with whether it exceeds 2 standard errors (statistics.py: Welch-style, seeds unpaired).
+"""The arms' table: each metric's mean, std and n over an arm's seeds, and each arm's comparison with
+a reference arm (statistics.py): the difference with its 95% t confidence interval, p, the Holm-
+adjusted p over the arms compared with that reference, the detectable effect at 80% power and the
+test used (paired by seed when both arms ran the same seeds, Welch otherwise; `n<2` without a test).
 
 The metrics, per run, then summarized over the arm's seeds:
 * final train loss and final val loss (the last logged value);
@@ -24,13 +26,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from ..errors import ConfigError
 from ..training.run_record import LOSS, Run, run_numbers
 from .arms import Arm
-from .statistics import Difference, Summary, difference, interpolate_at, summarize
+from .statistics import (
+    ALPHA,
+    POWER,
+    TOO_FEW,
+    Comparison,
+    Summary,
+    compare_to_reference,
+    holm,
+    interpolate_at,
+    summarize,
+)
 
 VAL_LOSS = "val/loss"
 
@@ -51,7 +63,7 @@ class Metric:
 class Row:
     arm: Arm
     summary: Summary
-    difference: Difference | None  # None: the reference itself, or no reference
+    comparison: Comparison | None  # None: the reference itself, or no reference
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,7 @@ class Section:
 class ArmTable:
     sections: list[Section]
     reference: Arm | None
+    paired: bool = True  # False: --unpaired, Welch everywhere
 
 
 def common_reach(runs: list[Run], attribute: str) -> float:
@@ -180,37 +193,78 @@ def reference_arm(arms: list[Arm], label: str | None) -> Arm | None:
     raise ConfigError(f"--reference {label!r} is not one of the compared arms: choose one of {choices}")
 
 
+def seed_values(arm: Arm, values: dict[int, float]) -> dict[object, float]:
+    """The arm's values keyed by seed; an arm that repeats a seed is keyed by run (it cannot pair)."""
+    seeds = arm.seeds
+    if len(set(map(repr, seeds))) < len(seeds):
+        return {
+            (repr(seed), i): values[id(run)]
+            for i, (seed, run) in enumerate(zip(seeds, arm.runs, strict=True))
+        }
+    return {repr(seed): values[id(run)] for seed, run in zip(seeds, arm.runs, strict=True)}
+
+
 def arm_table(
     arms: list[Arm],
     reference: str | None = None,
     at_tokens: float | None = None,
     at_seconds: float | None = None,
     at_step: float | None = None,
+    paired: bool = True,
 ) -> ArmTable:
-    """Each metric's summary per arm and its difference to the reference arm."""
+    """Each metric's summary per arm and its comparison with the reference arm (paired by seed where
+    both ran the same seeds and `paired`), the p values Holm-adjusted per metric across the arms."""
     ref = reference_arm(arms, reference)
     runs = [run for arm in arms for run in arm.runs]
     sections = []
     for metric in metrics(runs, at_tokens, at_seconds, at_step):
         values = {id(run): metric.value(run) for run in runs}
         summaries = {id(arm): summarize([values[id(run)] for run in arm.runs]) for arm in arms}
-        rows = [
-            Row(
-                arm,
-                summaries[id(arm)],
-                None if ref is None or arm is ref else difference(summaries[id(arm)], summaries[id(ref)]),
-            )
+        comparisons = {
+            id(arm): compare_to_reference(seed_values(arm, values), seed_values(ref, values), paired)
             for arm in arms
-        ]
+            if ref is not None and arm is not ref
+        }
+        adjusted = holm([c.p for c in comparisons.values()])
+        comparisons = {
+            key: replace(c, holm=p) for (key, c), p in zip(comparisons.items(), adjusted, strict=True)
+        }
+        rows = [Row(arm, summaries[id(arm)], comparisons.get(id(arm))) for arm in arms]
         left_out = [run for run in runs if not math.isfinite(values[id(run)])]
         sections.append(Section(metric, rows, left_out))
-    return ArmTable(sections, ref)
+    return ArmTable(sections, ref, paired)
 
 
 # --- rendering ----------------------------------------------------------------------------------
 
-MARKDOWN_COLUMNS = ("arm", "n", "mean", "std", "diff vs reference", "SE of diff", "abs(diff) > 2 SE")
-WANDB_COLUMNS = ("metric", "at", "arm", "n", "mean", "std", "diff", "se", "exceeds_2se")
+MARKDOWN_COLUMNS = (
+    "arm",
+    "n",
+    "mean",
+    "std",
+    "diff vs reference [95% CI]",
+    "p",
+    "Holm p",
+    "MDE (80% power)",
+    "test",
+    "Holm p < 0.05",
+)
+WANDB_COLUMNS = (
+    "metric",
+    "at",
+    "arm",
+    "n",
+    "mean",
+    "std",
+    "diff",
+    "ci_low",
+    "ci_high",
+    "p",
+    "p_holm",
+    "mde",
+    "test",
+    "significant",
+)
 """The W&B table (`compare/arms`): one row per metric and arm, numbers as numbers (None: n/a)."""
 
 
@@ -218,42 +272,66 @@ def _number(fmt: str, value: float) -> str:
     return fmt.format(value) if math.isfinite(value) else "n/a"
 
 
-def _decision(row: Row) -> str:
-    if row.difference is None:
-        return ""
-    if row.difference.exceeds is None:
-        return "n<2"
-    return "yes" if row.difference.exceeds else "no"
+def p_text(p: float) -> str:
+    """A p value as the table prints it: 3 decimals, `<0.001` below that, `n/a` without a test."""
+    if not math.isfinite(p):
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _decision(comparison: Comparison) -> str:
+    if comparison.test == TOO_FEW:
+        return TOO_FEW
+    if comparison.significant is None:
+        return "n/a"
+    return "yes" if comparison.significant else "no"
+
+
+def _comparison_cells(metric: Metric, c: Comparison) -> list[str]:
+    diff = _number(metric.diff_fmt, c.diff)
+    if math.isfinite(c.low):
+        diff += f" [{_number(metric.diff_fmt, c.low)}, {_number(metric.diff_fmt, c.high)}]"
+    return [diff, p_text(c.p), p_text(c.holm), _number(metric.fmt, c.mde), c.test, _decision(c)]
+
+
+def legend(table: ArmTable, arms: int) -> str:
+    """What the table's comparison columns mean, for the markdown file."""
+    ref = table.reference
+    if ref is None:
+        return "one arm: no reference to compare with; std: sample standard deviation over its seeds"
+    family = arms - 1
+    pairing = (
+        "`paired t` where both arms ran the same seeds (the per-seed differences; n = pairs, df = n - 1; "
+        "a seed gives both arms the same initial weights), `Welch t` otherwise (df Welch-Satterthwaite)"
+        if table.paired
+        else "`Welch t` for every arm (--unpaired: seeds not paired)"
+    )
+    return (
+        f"reference: `{ref.label}`; diff = arm - reference with its {1 - ALPHA:.0%} confidence interval "
+        f"from the t distribution; p: two-sided; Holm p: adjusted over the {family} arm(s) compared with "
+        f"the reference in each section; MDE: the smallest true difference this design detects with "
+        f"{POWER:.0%} power at the {ALPHA:.0%} level, for the spread observed (a difference that is not "
+        f"significant says only that any effect is likely below it); test: {pairing}; `n<2`: an arm has "
+        f"fewer than 2 seeds, no test. The last column says `yes` only where the Holm-adjusted p < "
+        f"{ALPHA}; std: sample standard deviation over the arm's seeds"
+    )
 
 
 def markdown(table: ArmTable) -> str:
     """One section per metric (its heading says at which x), then the runs it left out."""
     ref = table.reference
-    lines = [
-        "## arms (runs that differ only in seed; n = seeds)",
-        "",
-        (
-            f"reference: `{ref.label}`; diff = arm mean - reference mean, SE = sqrt(s1^2/n1 + s2^2/n2) "
-            "(Welch-style, seeds unpaired), abs(diff) > 2 SE decided only when both arms have n >= 2; "
-            "std: sample standard deviation over the arm's seeds"
-            if ref
-            else "one arm: no reference to compare with; std: sample standard deviation over its seeds"
-        ),
-    ]
+    arms = len(table.sections[0].rows) if table.sections else 0
+    lines = ["## arms (runs that differ only in seed; n = seeds)", "", legend(table, arms)]
     for section in table.sections:
         metric = section.metric
         lines += ["", f"### {metric.name}", "", "| " + " | ".join(MARKDOWN_COLUMNS) + " |"]
         lines.append("|---" * len(MARKDOWN_COLUMNS) + "|")
         for row in section.rows:
-            summary, diff = row.summary, row.difference
-            if diff is None:
-                diff_cells = ["reference" if row.arm is ref else "", "", ""]
+            summary, comparison = row.summary, row.comparison
+            if comparison is None:
+                diff_cells = ["reference" if row.arm is ref else ""] + [""] * (len(MARKDOWN_COLUMNS) - 5)
             else:
-                diff_cells = [
-                    _number(metric.diff_fmt, diff.diff),
-                    _number(metric.fmt, diff.se),
-                    _decision(row),
-                ]
+                diff_cells = _comparison_cells(metric, comparison)
             cells = [row.arm.label, str(summary.n), _number(metric.fmt, summary.mean)]
             cells += [_number(metric.fmt, summary.std), *diff_cells]
             lines.append("| " + " | ".join(cells) + " |")
@@ -273,7 +351,10 @@ def wandb_rows(table: ArmTable) -> list[list]:
     for section in table.sections:
         metric = section.metric
         for row in section.rows:
-            diff = row.difference
+            c = row.comparison
+            numbers = (
+                [None] * 6 if c is None else [_cell(v) for v in (c.diff, c.low, c.high, c.p, c.holm, c.mde)]
+            )
             rows.append(
                 [
                     metric.name,
@@ -282,9 +363,9 @@ def wandb_rows(table: ArmTable) -> list[list]:
                     row.summary.n,
                     _cell(row.summary.mean),
                     _cell(row.summary.std),
-                    None if diff is None else _cell(diff.diff),
-                    None if diff is None else _cell(diff.se),
-                    None if diff is None else diff.exceeds,
+                    *numbers,
+                    None if c is None else c.test,
+                    None if c is None else c.significant,
                 ]
             )
     return rows

@@ -18,8 +18,9 @@ is also set beside what the other layouts would waste and truncate on its data a
 
 The markdown table next to the image: the arms' table (arm_table.py: mean, std and n of final
 train/val loss, val loss interpolated at a common real-token count and at a common training time,
-tokens/s and padding waste, and each arm's difference to the reference arm with whether it exceeds
-2 standard errors), then one row per run with every number. With `--wandb` the same tables
+tokens/s and padding waste, and each arm's comparison with the reference arm: the difference with
+its 95% t interval, p, Holm p, the detectable effect and the test, paired by seed where it can be),
+then one row per run with every number. With `--wandb` the same tables
 (`wandb.Table`s, numbers as numbers: `compare/arms`, `compare/table`) and the plot go into one W&B
 run (job type `compare`) of the compared runs' group.
 """
@@ -480,12 +481,13 @@ def compare(
     at_tokens: float | None = None,
     at_seconds: float | None = None,
     at_step: float | None = None,
+    paired: bool = True,
 ) -> Path:
     """Write the comparison PNG (and a .md table beside it: the arms' table, then one row per run);
     returns the PNG path. Runs that differ only in `seed` are one arm (arms.py); `reference` names the
     arm the others are compared with, `at_tokens` / `at_seconds` / `at_step` the x of the interpolated
-    val loss (arm_table.py). `wandb=True` also logs the tables and the plot into one W&B run of the compared
-    runs' group (`log_to_wandb`)."""
+    val loss (arm_table.py), `paired=False` Welch's test for every arm. `wandb=True` also logs the
+    tables and the plot into one W&B run of the compared runs' group (`log_to_wandb`)."""
     output = Path(output) if output else Path(directories[0]) / "compare.png"
     check_output(output)
     for option, value in (("--at-tokens", at_tokens), ("--at-seconds", at_seconds), ("--at-step", at_step)):
@@ -505,7 +507,7 @@ def compare(
         run.layouts = layout_statistics(run, layout_arms() if len(runs) == 1 else None)
     plot(runs, output, arms)
     label_runs(arms)
-    arms_table = arm_table(arms, reference, at_tokens, at_seconds, at_step)
+    arms_table = arm_table(arms, reference, at_tokens, at_seconds, at_step, paired)
     table = markdown(arms_table) + "\n## runs\n\n" + markdown_table(runs)
     write_text_atomic(output.with_suffix(".md"), table)
     if not quiet:

@@ -1,11 +1,12 @@
-"""The numbers behind a seed-aware comparison: a summary over seeds, the difference of two arms and
-its standard error, values read off a curve between its points, and the mean curve of several seeds.
+"""The numbers behind a seed-aware comparison: a summary over seeds, the test of an arm against a
+reference arm, values read off a curve between its points, and the mean curve of several seeds.
 
 * `Summary`: n, mean, sample standard deviation (n - 1 in the denominator; n/a below n = 2), min, max
   of the finite values (a seed without the value is left out, not counted as zero).
-* `difference`: Welch-style, seeds unpaired: the arms' mean difference, its standard error
-  sqrt(s1^2/n1 + s2^2/n2), and whether |difference| > 2 SE (only when both arms have n >= 2: below
-  that there is no spread to compare with).
+* `compare_to_reference`: an arm against the reference arm, paired by seed when both ran the same
+  seeds (else Welch): the difference, its 95% t confidence interval, the two-sided p, and the
+  smallest difference the design detects at 80% power (`detectable_effect`); `holm` adjusts the p
+  values of the arms compared with one reference. The distributions are scipy's.
 * `interpolate_at`: linear between the two points around x, never extrapolated: outside the curve's
   own range the value is nan (the run stopped short of x or first validated after it; the caller
   reports it).
@@ -76,23 +77,127 @@ def summarize(values: list[float]) -> Summary:
     return Summary(tuple(float(v) for v in values if math.isfinite(v)))
 
 
+ALPHA = 0.05
+"""Two-sided level of the confidence intervals (95%), the tests and the Holm decision."""
+POWER = 0.80
+"""The power at which `Comparison.mde` is the smallest detectable difference."""
+PAIRED, WELCH, TOO_FEW = "paired t", "Welch t", "n<2"
+"""The tests `compare_to_reference` can use; TOO_FEW: an arm has fewer than 2 values, no test."""
+
+
 @dataclass(frozen=True)
-class Difference:
-    """An arm's mean minus the reference arm's, its standard error (nan when either n < 2) and
-    whether |diff| > 2 SE (None when either n < 2: no decision)."""
+class Comparison:
+    """An arm against the reference on one metric: the difference (arm - reference: the mean of the
+    per-seed differences when paired, the difference of the means otherwise), its 95% t confidence
+    interval, the two-sided p, its Holm-adjusted p across the arms compared with the same reference
+    (`holm`; nan until set, and for TOO_FEW), the t test's degrees of freedom and standard error, and
+    `mde`: the smallest true difference the test would detect with POWER at level ALPHA, given the
+    spread observed (noncentral t). `n` counts the pairs (paired) or the arm's values (Welch);
+    `n_reference` the reference's values."""
 
+    test: str
+    n: int
+    n_reference: int
     diff: float
-    se: float
-    exceeds: bool | None
+    low: float = math.nan
+    high: float = math.nan
+    p: float = math.nan
+    df: float = math.nan
+    se: float = math.nan
+    mde: float = math.nan
+    holm: float = math.nan
+
+    @property
+    def significant(self) -> bool | None:
+        """Holm-adjusted p < ALPHA; None where no test was made (or the spread is zero on both sides)."""
+        return None if not math.isfinite(self.holm) else bool(self.holm < ALPHA)
 
 
-def difference(arm: Summary, reference: Summary) -> Difference:
-    """Welch-style (unpaired seeds, unequal variances): SE = sqrt(s1^2/n1 + s2^2/n2)."""
-    diff = arm.mean - reference.mean
-    if arm.n < 2 or reference.n < 2:
-        return Difference(diff, math.nan, None)
-    se = math.sqrt(arm.std**2 / arm.n + reference.std**2 / reference.n)
-    return Difference(diff, se, bool(abs(diff) > 2 * se))
+def detectable_effect(se: float, df: float, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The true difference a two-sided t test (level alpha, `df` degrees of freedom, standard error
+    `se`) detects with probability `power`: the noncentrality at which P(|T| > t_crit) = power, times
+    se. About (t_{1-alpha/2} + t_{power}) * se; exact here (scipy's noncentral t)."""
+    from scipy import optimize, stats
+
+    if not (math.isfinite(se) and math.isfinite(df) and df > 0):
+        return math.nan
+    if se == 0:
+        return 0.0
+    critical = stats.t.ppf(1 - alpha / 2, df)
+
+    def shortfall(noncentrality: float) -> float:
+        # The far tail is negligible (and nan in scipy) once the noncentrality is large.
+        far = float(np.nan_to_num(stats.nct.cdf(-critical, df, noncentrality)))
+        return float(stats.nct.sf(critical, df, noncentrality)) + far - power
+
+    upper = critical + 3.0  # past the root for power <= 0.998; doubled below if not
+    while shortfall(upper) < 0:
+        upper *= 2
+    return float(optimize.brentq(shortfall, 0.0, upper, xtol=1e-12)) * float(se)
+
+
+def compare_to_reference(
+    arm: dict[object, float], reference: dict[object, float], paired: bool = True
+) -> Comparison:
+    """The arm's values against the reference's, each keyed by seed (nan: the run has no value).
+
+    Paired (when `paired` and both arms ran the same set of seeds): the per-seed differences on the
+    seeds where both have a value, a one-sample t test with n - 1 degrees of freedom (a seed gives
+    both arms the same initial weights, and some layouts the same data order: pairing removes that
+    shared noise). Otherwise Welch's t test (unequal variances, Welch-Satterthwaite degrees of
+    freedom) on each arm's finite values. Fewer than 2 values (pairs) on a side: TOO_FEW, the
+    difference alone."""
+    import warnings
+
+    from scipy import stats
+
+    arm_values = {seed: v for seed, v in arm.items() if math.isfinite(v)}
+    ref_values = {seed: v for seed, v in reference.items() if math.isfinite(v)}
+    if paired and arm and set(arm) == set(reference):
+        seeds = [seed for seed in arm if seed in arm_values and seed in ref_values]
+        a = np.array([arm_values[s] for s in seeds], dtype=float)
+        b = np.array([ref_values[s] for s in seeds], dtype=float)
+        test, n, n_ref = PAIRED, len(seeds), len(seeds)
+    else:
+        a = np.array(list(arm_values.values()), dtype=float)
+        b = np.array(list(ref_values.values()), dtype=float)
+        test, n, n_ref = WELCH, len(a), len(b)
+    diff = float(np.mean(a - b)) if test == PAIRED and n else _mean(a) - _mean(b)
+    if n < 2 or n_ref < 2:
+        return Comparison(TOO_FEW, n, n_ref, diff)
+    with warnings.catch_warnings():  # identical values: scipy warns, the result (inf or nan) is right
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = stats.ttest_rel(a, b) if test == PAIRED else stats.ttest_ind(a, b, equal_var=False)
+        interval = result.confidence_interval(1 - ALPHA)
+    df = float(result.df)
+    spread = np.std(a - b, ddof=1) / math.sqrt(n) if test == PAIRED else _welch_se(a, b)
+    low, high, p = float(interval.low), float(interval.high), float(result.pvalue)
+    # No spread beyond rounding (every seed moved by the same amount, or identical runs): the interval
+    # is the point, and p is 0 for a difference, 1 for none (scipy gives nan or rounding noise there).
+    rounding = 1e-12 * max(1.0, float(np.max(np.abs(np.concatenate([a, b])))))
+    if spread <= rounding:
+        spread, low, high, p = 0.0, diff, diff, 0.0 if abs(diff) > rounding else 1.0
+    return Comparison(test, n, n_ref, diff, low, high, p, df, float(spread), detectable_effect(spread, df))
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(np.mean(values)) if len(values) else math.nan
+
+
+def _welch_se(a: np.ndarray, b: np.ndarray) -> float:
+    return math.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b))
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p values (nan: no test, left out of the family and
+    kept nan): the k-th smallest of m becomes max over j <= k of min(1, (m - j + 1) p_(j))."""
+    tested = sorted((p, i) for i, p in enumerate(pvalues) if math.isfinite(p))
+    adjusted = [math.nan] * len(pvalues)
+    running = 0.0
+    for rank, (p, i) in enumerate(tested):
+        running = max(running, min(1.0, (len(tested) - rank) * p))
+        adjusted[i] = running
+    return adjusted
 
 
 def interpolate_at(points: list[tuple[float, float]], x: float) -> float:
