@@ -481,7 +481,7 @@ def test_compare_writes_both_tables_and_logs_the_arms_table_to_wandb(study, tmp_
     content = json.loads((run.path.parent / "files" / row["compare/arms"]["path"]).read_text())
     assert content["columns"] == list(WANDB_COLUMNS)
     rows = [dict(zip(WANDB_COLUMNS, r, strict=True)) for r in content["data"]]
-    assert len(rows) == 7 * 3  # seven metrics x three arms
+    assert len(rows) == 10 * 3  # ten metrics x three arms
     (padded,) = [r for r in rows if r["metric"] == "final train loss" and r["arm"] == A]
     assert padded["n"] == 3 and padded["mean"] == pytest.approx(3.2) and padded["std"] == pytest.approx(0.1)
     assert padded["diff"] == pytest.approx(0.6) and padded["significant"] is True  # against bestfit
@@ -527,3 +527,63 @@ def test_a_chosen_x_must_be_a_positive_number(study, tmp_path, option, value):
     with pytest.raises(ConfigError, match=f"^{flag} {value} must be a positive number$"):
         compare([study], output=tmp_path / "c.png", quiet=True, **{option: value})
     assert not (tmp_path / "c.png").exists()
+
+
+def test_the_budget_section_sets_updates_and_real_tokens_side_by_side_and_flags_unequal_ones(study):
+    table = arm_table(_arms(study))
+    budgets = {b.arm.label: b for b in table.budgets}
+    assert (budgets[A].updates, budgets[A].real_tokens) == (4.0, 400.0)
+    # padded's computed tokens: each step's real tokens / (1 - waste), waste 20/25/30% by seed
+    assert budgets[A].computed_tokens == pytest.approx((500 + 400 / 0.75 + 400 / 0.7) / 3)
+    assert budgets[B].computed_tokens == pytest.approx(500.0)  # no padding: computed = real
+    assert budgets[B].unequal() == ["real tokens +25%"] and budgets[C].unequal() == ["real tokens -25%"]
+    assert budgets[A].unequal() == [] and math.isnan(budgets[A].tokens_vs_reference)
+    text = markdown(table)
+    section = text.split("### budget")[1].split("###")[0]
+    assert f"| {A} | 3 | 4 | 400 | 535 | 4.0 | reference |" in section
+    assert f"| {B} | 3 | 4 | 500 | 500 | 4.0 | NOT equalised: real tokens +25% |" in section
+    assert "2 arm(s) differ from the reference" in section
+    # equal tokens and updates: no flag
+    equal = _rows(arm_table(_arms(study)), "updates")
+    assert equal[B].comparison.diff == 0.0
+    assert [m for m in (b.unequal() for b in arm_table(_arms(study), reference=B).budgets) if m] == [
+        ["real tokens -20%"],
+        ["real tokens -40%"],
+    ]
+
+
+def write_floors(run_dir: Path, unigram: float, bigram: float) -> None:
+    floors = {
+        "unigram": {"nats": unigram, "bits_per_byte": 1.0},
+        "bigram": {"nats": bigram, "bits_per_byte": 0.8},
+    }
+    (run_dir / "run.json").write_text(json.dumps({"floors": floors}))
+
+
+def test_floors_are_rows_of_the_val_loss_sections_and_each_arm_is_judged_against_the_bigram(study, tmp_path):
+    for run_dir in sorted(p for p in study.iterdir() if p.is_dir()):
+        write_floors(run_dir, 3.5, 3.1)  # final val losses: padded 3.0/3.2/3.4, bestfit 2.9-3.1, C 2.8
+    table = arm_table(_arms(study))
+    floors = {row.arm.label: row for row in table.floors}
+    assert (floors[A].unigram, floors[A].bigram, floors[A].below_bigram, floors[A].judged) == (3.5, 3.1, 1, 3)
+    assert (floors[B].below_bigram, floors[B].judged) == (2, 3)  # 3.1 is not below 3.1
+    assert (floors[C].below_bigram, floors[C].judged) == (1, 1)
+    text = markdown(table)
+    final = text.split("### final val loss")[1].split("###")[0]
+    assert (
+        "| floor: unigram (add-one) |  | 3.5000 |" in final
+        and "| floor: bigram (interpolated) |  | 3.1000 |" in final
+    )
+    assert "| floor:" not in text.split("### final train loss")[1].split("###")[0]  # a train loss has none
+    section = text.split("### floors")[1]
+    assert f"| {A} | 3 | 3.2000 | 3.5000 | 3.1000 | no (1/3 seeds) |" in section
+    assert f"| {C} | 1 | 2.8000 | 3.5000 | 3.1000 | yes (1/1 seeds) |" in section
+    assert "2 arm(s) did not end below the bigram floor" in section
+    # runs that scored other validation pairs: no shared floor row, each arm its own floors
+    write_floors(study / "6", 3.6, 3.2)
+    text = markdown(arm_table(_arms(study)))
+    assert "| floor:" not in text and f"| {C} | 1 | 2.8000 | 3.6000 | 3.2000 | yes (1/1 seeds) |" in text
+    # and without floors the table says what it cannot tell
+    for run_json in study.rglob("run.json"):
+        run_json.unlink()
+    assert "whether the arms learned any context cannot be told" in markdown(arm_table(_arms(study)))

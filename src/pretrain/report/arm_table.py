@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from ..errors import ConfigError
 from ..training.run_record import LOSS, Run, run_numbers
+from . import floors as floor_models
 from .arms import Arm
 from .statistics import (
     ALPHA,
@@ -57,6 +58,7 @@ class Metric:
     diff_fmt: str = "{:+.4f}"
     at: float | None = None  # the x it is read at: real tokens or training seconds
     missing: str = "no value"  # why a run has none, for the runs left out
+    floored: bool = False  # a val loss on the cache's validation pairs: the floors are printed with it
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,54 @@ class Section:
     left_out: list[Run]  # runs without a value for this metric
 
 
+EQUAL_WITHIN = 0.05
+"""Arms whose updates or real tokens differ from the reference's by more than this are flagged."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What an arm was given (means over its seeds) and how far it is from the reference's."""
+
+    arm: Arm
+    updates: float
+    real_tokens: float
+    computed_tokens: float
+    seconds: float
+    updates_vs_reference: float  # arm / reference - 1; nan for the reference or without one
+    tokens_vs_reference: float
+
+    def unequal(self) -> list[str]:
+        """What differs from the reference by more than EQUAL_WITHIN: `updates +43%`, `real tokens -30%`."""
+        return [
+            f"{name} {ratio:+.0%}"
+            for name, ratio in (
+                ("updates", self.updates_vs_reference),
+                ("real tokens", self.tokens_vs_reference),
+            )
+            if math.isfinite(ratio) and abs(ratio) > EQUAL_WITHIN
+        ]
+
+
+@dataclass(frozen=True)
+class Floors:
+    """An arm's floors (nats per validation pair; nan where run.json has none) and how many of its
+    seeds' final val losses are below the bigram floor (of those with both)."""
+
+    arm: Arm
+    unigram: float
+    bigram: float
+    val_loss: float
+    below_bigram: int
+    judged: int
+
+
 @dataclass(frozen=True)
 class ArmTable:
     sections: list[Section]
     reference: Arm | None
     paired: bool = True  # False: --unpaired, Welch everywhere
+    budgets: list[Budget] = field(default_factory=list)
+    floors: list[Floors] = field(default_factory=list)
 
 
 def common_reach(runs: list[Run], attribute: str) -> float:
@@ -100,7 +145,7 @@ def metrics(
     runs' common reach."""
     return [
         Metric("final train loss", lambda run: run.last(LOSS), missing="no train/loss"),
-        Metric("final val loss", lambda run: run.last(VAL_LOSS), missing="never validated"),
+        Metric("final val loss", final_val_loss, missing="never validated", floored=True),
         _interpolated(
             runs,
             "series",
@@ -137,6 +182,21 @@ def metrics(
             )
             for key in component_losses(runs)
         ],
+        Metric("updates (optimizer steps)", updates, fmt="{:,.0f}", diff_fmt="{:+,.0f}", missing="no step"),
+        Metric(
+            "real training tokens",
+            lambda run: run.last("train/tokens"),
+            fmt="{:,.0f}",
+            diff_fmt="{:+,.0f}",
+            missing="no train/tokens",
+        ),
+        Metric(
+            "computed tokens (real + padding: the compute paid)",
+            computed_tokens,
+            fmt="{:,.0f}",
+            diff_fmt="{:+,.0f}",
+            missing="no train/tokens or train/padding_waste",
+        ),
         Metric(
             "real tokens/s (median of the run)",
             lambda run: run_numbers(run)["tokens_per_sec"],
@@ -152,6 +212,30 @@ def metrics(
             missing="no train/padding_waste",
         ),
     ]
+
+
+def final_val_loss(run: Run) -> float:
+    return run.last(VAL_LOSS)
+
+
+def updates(run: Run) -> float:
+    """The run's optimizer steps: its last logged step."""
+    steps = run.by_step.get(LOSS, [])
+    return float(steps[-1][0]) if steps else math.nan
+
+
+def computed_tokens(run: Run) -> float:
+    """Real plus padding tokens the run computed: each logged row's new real tokens / (1 - its
+    padding waste); exact when every step is logged (train.log_every_n_steps=1), else an estimate
+    from the logged steps' waste."""
+    waste = run.series.get("train/padding_waste", [])
+    if not waste:
+        return math.nan
+    total, previous = 0.0, 0.0
+    for tokens, fraction in waste:
+        total += (tokens - previous) / (1.0 - fraction) if fraction < 1 else math.nan
+        previous = tokens
+    return total
 
 
 def _last(run: Run, key: str) -> float:
@@ -173,6 +257,7 @@ def _interpolated(
         lambda run: interpolate_at(getattr(run, axis).get(VAL_LOSS, []), x),
         at=x,
         missing=f"validations do not span {at}: not extrapolated",
+        floored=True,
     )
 
 
@@ -232,7 +317,57 @@ def arm_table(
         rows = [Row(arm, summaries[id(arm)], comparisons.get(id(arm))) for arm in arms]
         left_out = [run for run in runs if not math.isfinite(values[id(run)])]
         sections.append(Section(metric, rows, left_out))
-    return ArmTable(sections, ref, paired)
+    return ArmTable(sections, ref, paired, budgets(arms, ref), arm_floors(arms))
+
+
+def budgets(arms: list[Arm], ref: Arm | None) -> list[Budget]:
+    """Each arm's updates, real and computed tokens and training seconds, against the reference's."""
+
+    def mean(arm: Arm, value: Callable[[Run], float]) -> float:
+        return summarize([value(run) for run in arm.runs]).mean
+
+    def tokens(run: Run) -> float:
+        return run.last("train/tokens")
+
+    def seconds(run: Run) -> float:
+        return run_numbers(run)["train_seconds"]
+
+    def versus(arm: Arm, value: Callable[[Run], float]) -> float:
+        if ref is None or arm is ref:
+            return math.nan
+        return mean(arm, value) / mean(ref, value) - 1.0
+
+    return [
+        Budget(
+            arm,
+            mean(arm, updates),
+            mean(arm, tokens),
+            mean(arm, computed_tokens),
+            mean(arm, seconds),
+            versus(arm, updates),
+            versus(arm, tokens),
+        )
+        for arm in arms
+    ]
+
+
+def arm_floors(arms: list[Arm]) -> list[Floors]:
+    """Each arm's floors (its first run's with floors: an arm's seeds score one cache's pairs) and
+    how many of its seeds ended below the bigram floor."""
+    rows = []
+    for arm in arms:
+        verdicts = [floor_models.below(run, final_val_loss(run)) for run in arm.runs]
+        rows.append(
+            Floors(
+                arm,
+                floor_models.shared(arm.runs, "unigram"),
+                floor_models.shared(arm.runs, "bigram"),
+                summarize([final_val_loss(run) for run in arm.runs]).mean,
+                sum(1 for v in verdicts if v),
+                sum(1 for v in verdicts if v is not None),
+            )
+        )
+    return rows
 
 
 # --- rendering ----------------------------------------------------------------------------------
@@ -317,11 +452,105 @@ def legend(table: ArmTable, arms: int) -> str:
     )
 
 
+def budget_markdown(table: ArmTable) -> list[str]:
+    """The budget section: each arm's updates and real tokens side by side, flagged where either
+    differs from the reference's by more than EQUAL_WITHIN, and the compute each arm paid."""
+    lines = [
+        "",
+        "### budget: what each arm was given (means over its seeds)",
+        "",
+        "| arm | n | updates | real tokens | computed tokens (real + padding) | training s | compared with "
+        "the reference |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    flagged = []
+    for budget in table.budgets:
+        if table.reference is None or budget.arm is table.reference:
+            verdict = "reference" if table.reference is not None else ""
+        elif budget.unequal():
+            verdict = "NOT equalised: " + ", ".join(budget.unequal())
+            flagged.append(budget.arm.label)
+        else:
+            verdict = f"equal updates and real tokens (within {EQUAL_WITHIN:.0%})"
+        cells = [budget.arm.label, str(budget.arm.n), _number("{:,.0f}", budget.updates)]
+        cells += [_number("{:,.0f}", budget.real_tokens), _number("{:,.0f}", budget.computed_tokens)]
+        cells += [_number("{:,.1f}", budget.seconds), verdict]
+        lines.append("| " + " | ".join(cells) + " |")
+    if flagged:
+        lines += [
+            "",
+            f"{len(flagged)} arm(s) differ from the reference in updates or real tokens by more than "
+            f"{EQUAL_WITHIN:.0%}: their loss differences mix the layout with the budget. At equal real "
+            "tokens an arm with fewer real tokens per update (padding) has taken more updates; read the "
+            "`optimizer step` section for equal updates, the `real tokens` one for equal tokens, and give "
+            "the padded arm more rows per update (`train.batch_size`) to equalise both. Computed tokens "
+            "beyond the real ones are cost, not part of the loss.",
+        ]
+    return lines
+
+
+def floor_rows(table: ArmTable, metric: Metric) -> list[str]:
+    """A val-loss section's floor rows, when every compared run scored the same validation pairs."""
+    if not metric.floored:
+        return []
+    runs = [run for row in table.floors for run in row.arm.runs]
+    rows = []
+    for name in floor_models.FLOORS:
+        value = floor_models.shared(runs, name)
+        if math.isfinite(value):
+            cells = [f"floor: {floor_models.DESCRIPTION[name]}", "", _number(metric.fmt, value)]
+            rows.append("| " + " | ".join(cells + [""] * (len(MARKDOWN_COLUMNS) - 3)) + " |")
+    return rows
+
+
+def floors_markdown(table: ArmTable) -> list[str]:
+    """The floors section: each arm's floors and whether its seeds ended below the bigram floor."""
+    if not any(math.isfinite(row.bigram) for row in table.floors):
+        return [
+            "",
+            "### floors",
+            "",
+            "no run has floors in its run.json (runs from before floors were computed): whether the arms "
+            "learned any context cannot be told from this table",
+        ]
+    lines = [
+        "",
+        "### floors: final val loss against context-free models counted on the train split "
+        "(the same validation pairs; nats per pair)",
+        "",
+        "| arm | n | final val loss | unigram floor | bigram floor | below the bigram floor |",
+        "|---|---|---|---|---|---|",
+    ]
+    stuck = []
+    for row in table.floors:
+        if row.judged == 0:
+            verdict = "n/a"
+        elif row.below_bigram == row.judged:
+            verdict = f"yes ({row.below_bigram}/{row.judged} seeds)"
+        else:
+            verdict = f"no ({row.below_bigram}/{row.judged} seeds)"
+            stuck.append(row.arm.label)
+        cells = [row.arm.label, str(row.arm.n), _number("{:.4f}", row.val_loss)]
+        cells += [_number("{:.4f}", row.unigram), _number("{:.4f}", row.bigram), verdict]
+        lines.append("| " + " | ".join(cells) + " |")
+    if stuck:
+        lines += [
+            "",
+            f"{len(stuck)} arm(s) did not end below the bigram floor in every seed: a model there predicts "
+            "little better than from the previous token alone, and masking, truncation and fragmentation "
+            "act through longer context, so their effect cannot show in these arms at any number of "
+            "seeds; train longer (more tokens, a decaying learning rate) before reading a layout effect.",
+        ]
+    return lines
+
+
 def markdown(table: ArmTable) -> str:
-    """One section per metric (its heading says at which x), then the runs it left out."""
+    """The budget, one section per metric (its heading says at which x; val losses with the floors),
+    the runs each left out, then the floors per arm."""
     ref = table.reference
     arms = len(table.sections[0].rows) if table.sections else 0
     lines = ["## arms (runs that differ only in seed; n = seeds)", "", legend(table, arms)]
+    lines += budget_markdown(table)
     for section in table.sections:
         metric = section.metric
         lines += ["", f"### {metric.name}", "", "| " + " | ".join(MARKDOWN_COLUMNS) + " |"]
@@ -335,9 +564,11 @@ def markdown(table: ArmTable) -> str:
             cells = [row.arm.label, str(summary.n), _number(metric.fmt, summary.mean)]
             cells += [_number(metric.fmt, summary.std), *diff_cells]
             lines.append("| " + " | ".join(cells) + " |")
+        lines += floor_rows(table, metric)
         if section.left_out:
             names = ", ".join(str(run.path) for run in section.left_out)
             lines += ["", f"left out ({metric.missing}): {names}"]
+    lines += floors_markdown(table)
     return "\n".join(lines) + "\n"
 
 

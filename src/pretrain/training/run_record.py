@@ -76,6 +76,7 @@ class Run:
     by_step: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # metric -> [(step, value)]
     layouts: dict[str, dict] = field(default_factory=dict)  # arm -> waste and truncation on the run's data
     composition: dict = field(default_factory=dict)  # run.json's composition audit (data/audit.py)
+    floors: dict = field(default_factory=dict)  # run.json's floors (data/floors.py): unigram, bigram
 
     @property
     def arm(self) -> str:
@@ -141,10 +142,11 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     return join_steps(rows)
 
 
-def _load_composition(run_dir: Path) -> dict:
-    """run.json's `composition` audit (data/audit.py); {} for a run without one (unfinished, older)."""
+def _run_json_entry(run_dir: Path, key: str) -> dict:
+    """run.json's `key` entry (the `composition` audit of data/audit.py, the `floors` of
+    data/floors.py); {} for a run without one (unfinished, older)."""
     try:
-        return dict(json.loads((run_dir / "run.json").read_text()).get("composition") or {})
+        return dict(json.loads((run_dir / "run.json").read_text()).get(key) or {})
     except (OSError, ValueError, AttributeError, TypeError):
         return {}
 
@@ -179,7 +181,8 @@ def load_run(run_dir: Path) -> Run:
         config=config,
         by_time=by_time,
         by_step=by_step,
-        composition=_load_composition(run_dir),
+        composition=_run_json_entry(run_dir, "composition"),
+        floors=_run_json_entry(run_dir, "floors"),
     )
 
 
