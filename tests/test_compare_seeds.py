@@ -587,3 +587,31 @@ def test_floors_are_rows_of_the_val_loss_sections_and_each_arm_is_judged_against
     for run_json in study.rglob("run.json"):
         run_json.unlink()
     assert "whether the arms learned any context cannot be told" in markdown(arm_table(_arms(study)))
+
+
+def test_the_figure_carries_the_comparison_the_floors_and_drops_times_when_asked(study):
+    for run_dir in sorted(p for p in study.iterdir() if p.is_dir()):
+        write_floors(run_dir, 3.5, 3.1)
+    runs = [load_run(path) for path in find_runs([study])]
+    arms = group_arms(runs)
+    table = arm_table(arms)
+    fig = figure(runs, arms, table, timing=False)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "loss against optimizer steps" in titles and "loss against training seconds" not in titles
+    assert not any(title.startswith("real tokens / s") for title in titles)
+    tokens = next(ax for ax in fig.axes if ax.get_title() == "loss against real tokens seen")
+    floors = [line.get_ydata()[0] for line in tokens.lines if line.get_linestyle() == ":"]
+    assert floors == [3.5, 3.1]
+    notes = [text.get_text() for text in tokens.texts]
+    assert "unigram (add-one) floor 3.50" in notes and "bigram (interpolated) floor 3.10" in notes
+    legend = [text.get_text() for text in tokens.get_legend().get_texts()] if tokens.get_legend() else []
+    legend += [line.get_label() for line in fig.axes[1].lines]
+    c = _rows(table, "final val loss")[B].comparison
+    expected = f"final val -0.200 [{c.low:+.3f}, {c.high:+.3f}], Holm p 0.074 (paired t)"
+    assert any(label.endswith(expected) for label in legend)
+    assert any(label.endswith("final val -0.400 (n<2: no test)") for label in legend)
+    plt.close(fig)
+    default = figure(runs, arms, table)  # compare's default output keeps the times
+    assert "loss against training seconds" in [ax.get_title() for ax in default.axes]
+    assert any(ax.get_title().startswith("real tokens / s") for ax in default.axes)
+    plt.close(default)

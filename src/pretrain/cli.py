@@ -157,6 +157,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         at_seconds=args.at_seconds,
         at_step=args.at_step,
         paired=not args.unpaired,
+        timing=not args.no_timing,
     )
     return 0
 
@@ -282,6 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Welch's t test for every arm; by default arms that ran the same seeds are compared "
         "seed by seed (paired t)",
+    )
+    compare.add_argument(
+        "--no-timing",
+        action="store_true",
+        help="a figure without times, for publishing from a shared machine: loss against optimizer steps "
+        "instead of seconds, no tokens/s bars (the tables keep them)",
     )
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and bits per byte of a checkpoint")
     evaluate.add_argument("checkpoint", help="a .ckpt written by python train.py")

@@ -44,9 +44,11 @@ from ..errors import ConfigError
 from ..fileio import write_text_atomic
 from ..training.metrics_file import FILE_NAME
 from ..training.run_record import LOSS, Run, layout_options, load_run, run_numbers
-from .arm_table import WANDB_COLUMNS, ArmTable, arm_table, markdown, reference_arm, wandb_rows
+from .arm_table import WANDB_COLUMNS, ArmTable, arm_table, markdown, p_text, reference_arm, wandb_rows
 from .arms import SEED, Arm, flat_config, group_arms, swept_keys
-from .statistics import BAND_MIN_MAX_UP_TO, band_name, mean_curve, mean_points, summarize
+from .floors import DESCRIPTION, FLOORS
+from .floors import shared as shared_floor
+from .statistics import BAND_MIN_MAX_UP_TO, TOO_FEW, band_name, mean_curve, mean_points, summarize
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +309,7 @@ def bars(arms: list[Arm], colors: list[str]) -> list[Bar]:
 
 TOKENS_AXIS = "real tokens seen"
 TIME_AXIS = "training seconds (data + update steps; validation left out)"
+STEP_AXIS = "optimizer steps (updates)"
 WASTE_TITLE = "padding waste: 1 - real / computed tokens"
 TRUNCATION_TITLE = "truncated: prediction pairs never trained (cut tails)"
 SPEED_TITLE = "real tokens / s (median)"
@@ -316,11 +319,50 @@ def _truncation_text(row: Bar) -> str:
     return percent(row.truncated) + (f" ({row.truncated_pairs:,.0f})" if row.truncated > 0 else "")
 
 
-def _legend_label(arm: Arm) -> str:
-    return _wrapped(arm.label + (f" (n={arm.n}, {band_name(arm.n)})" if arm.n >= 2 else ""))
+def _legend_label(arm: Arm, comparison: str = "") -> str:
+    label = _wrapped(arm.label + (f" (n={arm.n}, {band_name(arm.n)})" if arm.n >= 2 else ""))
+    return label + (f"\n{comparison}" if comparison else "")
 
 
-def _draw_arm(ax, arm: Arm, attribute: str, color: str, style: Any) -> None:
+def comparison_labels(table: ArmTable) -> dict[int, str]:
+    """Per arm (by id) its final val loss against the reference, for the legend: `final val -0.012
+    [-0.030, +0.006], Holm p 0.21 (paired t)`; `reference` for the reference itself."""
+    sections = [section for section in table.sections if section.metric.name == "final val loss"]
+    if table.reference is None or not sections:
+        return {}
+    labels = {id(table.reference): "reference"}
+    for row in sections[0].rows:
+        c = row.comparison
+        if c is None:
+            continue
+        if c.test == TOO_FEW:
+            labels[id(row.arm)] = f"final val {c.diff:+.3f} (n<2: no test)"
+            continue
+        mark = " significant" if c.significant else ""
+        labels[id(row.arm)] = (
+            f"final val {c.diff:+.3f} [{c.low:+.3f}, {c.high:+.3f}], Holm p {p_text(c.holm)}{mark} ({c.test})"
+        )
+    return labels
+
+
+def draw_floors(ax, runs: list[Run]) -> None:
+    """The floors every run shares as dotted horizontal lines, named at the panel's right edge."""
+    for name in FLOORS:
+        value = shared_floor(runs, name)
+        if math.isfinite(value):
+            ax.axhline(value, color="0.35", linestyle=":", linewidth=1.2)
+            ax.annotate(
+                f"{DESCRIPTION[name]} floor {value:.2f}",
+                (1.0, value),
+                xycoords=("axes fraction", "data"),
+                ha="right",
+                va="bottom",
+                fontsize=8,
+                color="0.3",
+            )
+
+
+def _draw_arm(ax, arm: Arm, attribute: str, color: str, style: Any, comparison: str = "") -> None:
     """One arm on a loss panel: a single run's own train curve and validation dots; several seeds'
     mean train curve with its band (read off x values every seed covers: nothing extrapolated) and
     the mean of their k-th validations with the band as error bars."""
@@ -329,15 +371,15 @@ def _draw_arm(ax, arm: Arm, attribute: str, color: str, style: Any) -> None:
     if arm.n == 1:
         train, val = np.array(trains[0]), np.array(vals[0])
         if len(train):
-            ax.plot(
-                train[:, 0], train[:, 1], color=color, linestyle=style, alpha=0.85, label=_legend_label(arm)
-            )
+            label = _legend_label(arm, comparison)
+            ax.plot(train[:, 0], train[:, 1], color=color, linestyle=style, alpha=0.85, label=label)
         if len(val):
             ax.plot(val[:, 0], val[:, 1], "o", color=color, markersize=5)
         return
     curve = mean_curve(trains)
     if curve is not None:
-        ax.plot(curve.x, curve.mean, color=color, linestyle=style, alpha=0.9, label=_legend_label(arm))
+        label = _legend_label(arm, comparison)
+        ax.plot(curve.x, curve.mean, color=color, linestyle=style, alpha=0.9, label=label)
         ax.fill_between(curve.x, curve.low, curve.high, color=color, alpha=0.2, linewidth=0)
     dots = mean_points(vals)
     if dots is not None:
@@ -352,11 +394,17 @@ def _draw_arm(ax, arm: Arm, attribute: str, color: str, style: Any) -> None:
         )
 
 
-def figure(runs: list[Run], arms: list[Arm] | None = None):
+def figure(
+    runs: list[Run], arms: list[Arm] | None = None, table: ArmTable | None = None, timing: bool = True
+):
     """The comparison figure (not saved): loss against real tokens and against training time, one
     line per arm (a single seed's curve, or the seeds' mean with a band), colour by layout and line
     style by the values of the other keys the arms differ in; below, per arm (and for a single run
-    per layout on its data) padding waste, truncated prediction pairs and real tokens per second."""
+    per layout on its data) padding waste, truncated prediction pairs and real tokens per second.
+    With the arms' `table`, each arm's legend entry carries its final val loss comparison with the
+    reference, and the floors the runs share are drawn as horizontal lines. `timing=False` (a figure
+    to publish from a shared machine, whose times are load noise) draws loss against optimizer steps
+    instead of seconds and leaves out the tokens/s bars."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -384,14 +432,18 @@ def figure(runs: list[Run], arms: list[Arm] | None = None):
         fontsize=11,
     )
     loss_axes = []
-    for column, (xlabel, attribute) in enumerate(((TOKENS_AXIS, "series"), (TIME_AXIS, "by_time"))):
+    second = (TIME_AXIS, "by_time") if timing else (STEP_AXIS, "by_step")
+    labels = comparison_labels(table) if table is not None else {}
+    for column, (xlabel, attribute) in enumerate(((TOKENS_AXIS, "series"), second)):
         ax = fig.add_subplot(grid[0, 3 * column : 3 * column + 3])
         for arm, color, style in zip(arms, colors, styles, strict=True):
-            _draw_arm(ax, arm, attribute, color, style)
+            _draw_arm(ax, arm, attribute, color, style, labels.get(id(arm), ""))
         short = xlabel.split(" (")[0]
         ax.set(xlabel=xlabel, ylabel="loss (nats per target)", title=f"loss against {short}")
         if not ax.lines:
             ax.text(0.5, 0.5, f"no {short} logged", ha="center", transform=ax.transAxes)
+        else:
+            draw_floors(ax, runs)
         loss_axes.append(ax)
     # The arms' legend beside the right-hand loss panel, or the left one when no wall time was logged.
     labelled = [ax for ax in loss_axes if ax.get_legend_handles_labels()[0]]
@@ -425,9 +477,10 @@ def figure(runs: list[Run], arms: list[Arm] | None = None):
             False,
             "speed_band",
         ),
-    )
+    )[: 3 if timing else 2]
+    width = 6 // len(panels)
     for column, (title, values, texts, fraction, band) in enumerate(panels):
-        ax = fig.add_subplot(grid[1, 2 * column : 2 * column + 2])
+        ax = fig.add_subplot(grid[1, width * column : width * column + width])
         drawn = [v if math.isfinite(v) else 0.0 for v in values]
         bands = [getattr(r, band) if band else None for r in rows]
         errors = None
@@ -457,10 +510,16 @@ def figure(runs: list[Run], arms: list[Arm] | None = None):
     return fig
 
 
-def plot(runs: list[Run], output: Path, arms: list[Arm] | None = None) -> None:
+def plot(
+    runs: list[Run],
+    output: Path,
+    arms: list[Arm] | None = None,
+    table: ArmTable | None = None,
+    timing: bool = True,
+) -> None:
     import matplotlib.pyplot as plt
 
-    fig = figure(runs, arms)
+    fig = figure(runs, arms, table, timing)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=100)
     plt.close(fig)
@@ -482,12 +541,14 @@ def compare(
     at_seconds: float | None = None,
     at_step: float | None = None,
     paired: bool = True,
+    timing: bool = True,
 ) -> Path:
     """Write the comparison PNG (and a .md table beside it: the arms' table, then one row per run);
     returns the PNG path. Runs that differ only in `seed` are one arm (arms.py); `reference` names the
     arm the others are compared with, `at_tokens` / `at_seconds` / `at_step` the x of the interpolated
-    val loss (arm_table.py), `paired=False` Welch's test for every arm. `wandb=True` also logs the
-    tables and the plot into one W&B run of the compared runs' group (`log_to_wandb`)."""
+    val loss (arm_table.py), `paired=False` Welch's test for every arm, `timing=False` a figure
+    without times (`figure`). `wandb=True` also logs the tables and the plot into one W&B run of the
+    compared runs' group (`log_to_wandb`)."""
     output = Path(output) if output else Path(directories[0]) / "compare.png"
     check_output(output)
     for option, value in (("--at-tokens", at_tokens), ("--at-seconds", at_seconds), ("--at-step", at_step)):
@@ -505,9 +566,9 @@ def compare(
     reference_arm(arms, reference)  # an unknown --reference stops before the slow work
     for run in runs:  # a single run: what the other layouts would waste and truncate on its data
         run.layouts = layout_statistics(run, layout_arms() if len(runs) == 1 else None)
-    plot(runs, output, arms)
     label_runs(arms)
     arms_table = arm_table(arms, reference, at_tokens, at_seconds, at_step, paired)
+    plot(runs, output, arms, arms_table, timing)
     table = markdown(arms_table) + "\n## runs\n\n" + markdown_table(runs)
     write_text_atomic(output.with_suffix(".md"), table)
     if not quiet:
