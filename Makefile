@@ -75,7 +75,7 @@ sweep: install
 	$(PY) train.py --multirun experiment=smoke data=padded,bestfit train.batch_size=2,4 data.max_seq_len=128,256 hydra.sweep.dir=outputs/multirun/sweep
 	$(VENV)/bin/pretrain compare outputs/multirun/sweep --output outputs/multirun/sweep/compare.png
 
-# The composition study (docs/results/composition-cpu.md): 7 arms x 3 seeds at one real-token budget,
+# The composition study (docs/results/composition-cpu.md): 8 arms x 3 seeds at one real-token budget,
 # then `pretrain compare` with padded as the reference arm; about 30 minutes on 2 idle cores.
 # STUDY_ARGS adds overrides to every run (e.g. STUDY_ARGS=logger=wandb).
 STUDY_DIR := outputs/composition_study/$(shell date +%Y-%m-%d_%H-%M-%S)

@@ -102,6 +102,7 @@ def test_experiments_compose(experiment):
 
 STUDY_ARMS = {  # conf/study_arm/<arm>.yaml -> the data group it must select
     "padded": ("padded", {"pad_to": "max", "long_docs": "truncate"}),
+    "padded_equal": ("padded", {"pad_to": "max", "long_docs": "truncate"}),
     "concat_nomask": ("prepacked", {"strategy": "concat", "document_mask": False}),
     "concat": ("prepacked", {"strategy": "concat", "document_mask": True}),
     "bfd": ("prepacked", {"strategy": "bfd", "document_mask": True}),
@@ -111,9 +112,15 @@ STUDY_ARMS = {  # conf/study_arm/<arm>.yaml -> the data group it must select
 }
 
 
+EQUALISED = {"padded_equal": {"batch_size": 12}}
+"""Study arms that also set their rows per update, so their real tokens per update match the packed
+arms' (conf/study_arm/padded_equal.yaml)."""
+
+
 def test_the_composition_studys_arms_differ_only_in_the_data_layout():
-    """Every arm of experiment=composition_study selects its layout and nothing else: the same model,
-    corpus, context and real-token budget; the sweep crosses all seven arms with three seeds."""
+    """Every arm of experiment=composition_study selects its layout and nothing else (an equalised arm
+    its rows per update too): the same model, corpus, context and real-token budget; the sweep
+    crosses all eight arms with three seeds."""
     assert sorted(p.stem for p in (REPO / "conf" / "study_arm").glob("*.yaml")) == sorted(STUDY_ARMS)
     shared = None
     for arm, (policy, options) in STUDY_ARMS.items():
@@ -123,6 +130,10 @@ def test_the_composition_studys_arms_differ_only_in_the_data_layout():
         assert {key: getattr(config.data, key) for key in options} == options
         rest = OmegaConf.to_container(cfg, resolve=True)
         del rest["data"]
+        for key, value in EQUALISED.get(arm, {}).items():
+            assert rest["train"].pop(key) == value
+        for key in EQUALISED.get(arm, {}):
+            rest["train"][key] = 8  # every other arm's
         assert shared is None or rest == shared, arm
         shared = rest
     assert shared["train"]["max_tokens"] == 100_000 and shared["model"]["name"] == "tiny"
