@@ -45,6 +45,7 @@ def write_run(
     step_seconds: float = 1.0,
     waste: float = 0.0,
     speed: float = 1000.0,
+    load: float | None = None,
     **layout: object,
 ) -> Path:
     """A 4-step run: train/loss falls by 0.1 per step to `train_loss`, validation at steps 2 and 4
@@ -66,6 +67,8 @@ def write_run(
         loss = train_loss + 0.1 * (4 - step)
         validation = {2: val[0], 4: val[1]}.get(step, "")
         lines.append(f"{step},{loss},{tokens_per_step * step},{step_seconds},{speed},{waste},{validation}")
+    if load is not None:  # the machine's load per CPU, logged at every step
+        lines = [lines[0] + ",sys/load_per_cpu"] + [line + f",{load}" for line in lines[1:]]
     (directory / "metrics.csv").write_text("\n".join(lines) + "\n")
     return directory
 
@@ -217,7 +220,9 @@ def test_the_table_gives_mean_std_n_and_interpolated_val_loss(study):
     assert at_seconds[A].summary.mean == pytest.approx(3.7)
     assert at_seconds[B].summary.values == pytest.approx((3.4, 3.5, 3.6))
     speed, waste = _rows(table, "real tokens/s"), _rows(table, "padding waste")
-    assert (speed[A].summary.mean, speed[A].summary.std) == pytest.approx((1100.0, 100.0))
+    # from the totals (400 real tokens in 4 training seconds), not the logged per-step rates (1000-1200)
+    assert (speed[A].summary.mean, speed[A].summary.std) == pytest.approx((100.0, 0.0))
+    assert speed[B].summary.mean == pytest.approx(125.0) and speed[C].summary.mean == pytest.approx(100.0)
     assert (waste[A].summary.mean, waste[A].summary.std) == pytest.approx((0.25, 0.05))
     assert waste[B].summary.mean == 0.0 and waste[B].summary.std == 0.0
 
@@ -615,3 +620,31 @@ def test_the_figure_carries_the_comparison_the_floors_and_drops_times_when_asked
     assert "loss against training seconds" in [ax.get_title() for ax in default.axes]
     assert any(ax.get_title().startswith("real tokens / s") for ax in default.axes)
     plt.close(default)
+
+
+def test_time_based_rows_and_panels_are_marked_unreliable_when_a_run_was_contended(tmp_path):
+    write_run(tmp_path / "0", policy="padded", seed=1, train_loss=3.0, val=(4.0, 3.0), load=1.0)
+    write_run(tmp_path / "1", policy="bestfit", seed=1, train_loss=3.0, val=(4.0, 3.0), load=1.0)
+    calm = arm_table(_arms(tmp_path))
+    assert calm.contended == [] and "UNRELIABLE" not in markdown(calm)
+    write_run(tmp_path / "2", policy="firstfit", seed=1, train_loss=3.0, val=(4.0, 3.0), load=3.2)
+    runs = [load_run(path) for path in find_runs([tmp_path])]
+    arms = group_arms(runs)
+    table = arm_table(arms)
+    assert [(run.path.name, load) for run, load in table.contended] == [("2", 3.2)]
+    text = markdown(table)
+    marked = [part.split("\n")[0] for part in text.split("\n### ")[1:] if "UNRELIABLE" in part]
+    assert marked == [
+        "budget: what each arm was given (means over its seeds)",
+        "val loss at 4.0 training seconds (interpolated; the longest every run reached in validation)",
+        "real tokens/s (real tokens / training seconds)",
+    ]
+    assert f"up to 3.2 in {tmp_path / '2'}" in text
+    fig = figure(runs, arms, table)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "loss against training seconds\nUNRELIABLE: the machine was contended (compare.md)" in titles
+    assert any(
+        t.startswith("real tokens / s") and t.endswith("UNRELIABLE: the machine was contended (compare.md)")
+        for t in titles
+    )
+    plt.close(fig)

@@ -13,7 +13,9 @@ The metrics, per run, then summarized over the arm's seeds:
   (`--at-step N`). At equal real tokens a layout with fewer real tokens per update (padding) has
   taken more updates: this row separates the two;
 * a mixture's final `val/loss/<component>`, one section per component (data/mixture.py);
-* real tokens/s (the run's median) and padding waste (the run's mean).
+* real tokens/s (the run's real tokens over its training seconds) and padding waste (the run's mean);
+* the budget: updates, real and computed tokens (arm_table's budget section flags unequal ones).
+Time-based rows are marked unreliable when a run's machine was contended (`sys/load_per_cpu`).
 A run without a value (it never validated, or its validations do not span the chosen x: it stopped
 short of it or first validated after it; nothing is extrapolated) is left out of that metric's n and
 named under its section.
@@ -59,6 +61,7 @@ class Metric:
     at: float | None = None  # the x it is read at: real tokens or training seconds
     missing: str = "no value"  # why a run has none, for the runs left out
     floored: bool = False  # a val loss on the cache's validation pairs: the floors are printed with it
+    timed: bool = False  # read off wall-clock time: unreliable on a contended machine
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,9 @@ class Section:
     left_out: list[Run]  # runs without a value for this metric
 
 
+CONTENDED = 1.5
+"""A run whose median `sys/load_per_cpu` is above this shared its CPUs with other work (its own
+threads make about 1): its times measure the machine's load as much as its layout."""
 EQUAL_WITHIN = 0.05
 """Arms whose updates or real tokens differ from the reference's by more than this are flagged."""
 
@@ -123,6 +129,25 @@ class ArmTable:
     paired: bool = True  # False: --unpaired, Welch everywhere
     budgets: list[Budget] = field(default_factory=list)
     floors: list[Floors] = field(default_factory=list)
+    contended: list[tuple[Run, float]] = field(default_factory=list)  # (run, its median load per CPU)
+
+
+def contended_runs(runs: list[Run]) -> list[tuple[Run, float]]:
+    """The runs whose median load per CPU was above CONTENDED, with it."""
+    loads = [(run, run_numbers(run)["load_per_cpu"]) for run in runs]
+    return [(run, load) for run, load in loads if math.isfinite(load) and load > CONTENDED]
+
+
+def contention_note(table: ArmTable) -> str:
+    """The warning a time-based section carries when a compared run's machine was contended."""
+    if not table.contended:
+        return ""
+    worst_run, worst = max(table.contended, key=lambda pair: pair[1])
+    return (
+        f"UNRELIABLE: {len(table.contended)} run(s) shared the machine with other work (median load "
+        f"per CPU above {CONTENDED}; up to {worst:.1f} in {worst_run.path}): their times measure the "
+        "load as much as the layout. Compare throughput with `make bench` (side by side in one process)."
+    )
 
 
 def common_reach(runs: list[Run], attribute: str) -> float:
@@ -198,8 +223,9 @@ def metrics(
             missing="no train/tokens or train/padding_waste",
         ),
         Metric(
-            "real tokens/s (median of the run)",
+            "real tokens/s (real tokens / training seconds)",
             lambda run: run_numbers(run)["tokens_per_sec"],
+            timed=True,
             fmt="{:,.0f}",
             diff_fmt="{:+,.0f}",
             missing="no train/tokens_per_sec",
@@ -258,6 +284,7 @@ def _interpolated(
         at=x,
         missing=f"validations do not span {at}: not extrapolated",
         floored=True,
+        timed=axis == "by_time",
     )
 
 
@@ -317,7 +344,7 @@ def arm_table(
         rows = [Row(arm, summaries[id(arm)], comparisons.get(id(arm))) for arm in arms]
         left_out = [run for run in runs if not math.isfinite(values[id(run)])]
         sections.append(Section(metric, rows, left_out))
-    return ArmTable(sections, ref, paired, budgets(arms, ref), arm_floors(arms))
+    return ArmTable(sections, ref, paired, budgets(arms, ref), arm_floors(arms), contended_runs(runs))
 
 
 def budgets(arms: list[Arm], ref: Arm | None) -> list[Budget]:
@@ -476,6 +503,8 @@ def budget_markdown(table: ArmTable) -> list[str]:
         cells += [_number("{:,.0f}", budget.real_tokens), _number("{:,.0f}", budget.computed_tokens)]
         cells += [_number("{:,.1f}", budget.seconds), verdict]
         lines.append("| " + " | ".join(cells) + " |")
+    if table.contended:
+        lines += ["", "training s: " + contention_note(table)]
     if flagged:
         lines += [
             "",
@@ -553,8 +582,10 @@ def markdown(table: ArmTable) -> str:
     lines += budget_markdown(table)
     for section in table.sections:
         metric = section.metric
-        lines += ["", f"### {metric.name}", "", "| " + " | ".join(MARKDOWN_COLUMNS) + " |"]
-        lines.append("|---" * len(MARKDOWN_COLUMNS) + "|")
+        lines += ["", f"### {metric.name}", ""]
+        if metric.timed and table.contended:
+            lines += [contention_note(table), ""]
+        lines += ["| " + " | ".join(MARKDOWN_COLUMNS) + " |", "|---" * len(MARKDOWN_COLUMNS) + "|"]
         for row in section.rows:
             summary, comparison = row.summary, row.comparison
             if comparison is None:

@@ -189,9 +189,9 @@ def layout_statistics(run: Run, arms: list[tuple[str, dict[str, object]]] | None
 
 COLUMNS: tuple[str, ...] = ("run", "policy", "max_seq_len", "batch", "real tokens", "train loss")
 COLUMNS += ("val loss", "tokens/s", "padding waste", "pack util", "truncated pairs", "train seconds")
-COLUMNS += ("fragmented docs", "x-doc visible", "attn cost")
+COLUMNS += ("fragmented docs", "x-doc visible", "attn cost", "load per CPU")
 _FORMATS: tuple[str, ...] = ("{}", "{}", "{}", "{}", "{:,.0f}", "{:.4f}", "{:.4f}", "{:,.0f}")
-_FORMATS += ("{:.1%}", "{:.1%}", "{:.1%}", "{:,.1f}", "{:.1%}", "{:.1%}", "{:,.1f}")
+_FORMATS += ("{:.1%}", "{:.1%}", "{:.1%}", "{:,.1f}", "{:.1%}", "{:.1%}", "{:,.1f}", "{:.2f}")
 
 
 def table_rows(runs: list[Run]) -> list[list]:
@@ -312,7 +312,8 @@ TIME_AXIS = "training seconds (data + update steps; validation left out)"
 STEP_AXIS = "optimizer steps (updates)"
 WASTE_TITLE = "padding waste: 1 - real / computed tokens"
 TRUNCATION_TITLE = "truncated: prediction pairs never trained (cut tails)"
-SPEED_TITLE = "real tokens / s (median)"
+SPEED_TITLE = "real tokens / s (real tokens / training seconds)"
+CONTENDED_NOTE = "\nUNRELIABLE: the machine was contended (compare.md)"
 
 
 def _truncation_text(row: Bar) -> str:
@@ -439,7 +440,10 @@ def figure(
         for arm, color, style in zip(arms, colors, styles, strict=True):
             _draw_arm(ax, arm, attribute, color, style, labels.get(id(arm), ""))
         short = xlabel.split(" (")[0]
-        ax.set(xlabel=xlabel, ylabel="loss (nats per target)", title=f"loss against {short}")
+        title = f"loss against {short}"
+        if attribute == "by_time" and table is not None and table.contended:
+            title += CONTENDED_NOTE
+        ax.set(xlabel=xlabel, ylabel="loss (nats per target)", title=title)
         if not ax.lines:
             ax.text(0.5, 0.5, f"no {short} logged", ha="center", transform=ax.transAxes)
         else:
@@ -471,7 +475,7 @@ def figure(
             None,
         ),
         (
-            SPEED_TITLE,
+            SPEED_TITLE + (CONTENDED_NOTE if table is not None and table.contended else ""),
             [r.tokens_per_sec for r in rows],
             [f"{r.tokens_per_sec:,.0f}" if r.trained else "not trained" for r in rows],
             False,

@@ -8,6 +8,7 @@ weight microbatches equally whatever their token counts.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -50,6 +51,17 @@ def real_segment_lengths(batch: PackedBatch) -> np.ndarray:
     if batch.padded:
         return batch.pack_lengths.numpy()
     return np.diff(batch.cu_seqlens.numpy())
+
+
+def machine_load() -> dict[str, float]:
+    """`sys/load_per_cpu`: the 1-minute load average over the CPUs, at this step. Near 1 when the run
+    has the machine to itself (its threads are the load); well above, other work competed for the
+    CPUs and its step times measure that too (report/arm_table.py marks such comparisons). Empty where
+    the system has no load average."""
+    try:
+        return {"sys/load_per_cpu": os.getloadavg()[0] / (os.cpu_count() or 1)}
+    except (OSError, AttributeError):
+        return {}
 
 
 class PretrainModule(L.LightningModule):
@@ -170,6 +182,7 @@ class PretrainModule(L.LightningModule):
             "train/data_seconds": max(data_seconds, 0.0),
             "train/attention_cost": update_attention_cost(update.microbatches),  # this rank's
             "lr": lr,
+            **machine_load(),
         }
         for name, tokens in zip(self.component_names, self.component_tokens, strict=True):
             metrics[f"train/tokens/{name}"] = float(tokens)

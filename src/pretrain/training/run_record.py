@@ -187,23 +187,28 @@ def load_run(run_dir: Path) -> Run:
 
 
 def run_numbers(run: Run) -> dict[str, float]:
-    """A run's numbers in the table: last real tokens and losses, median tokens/s, mean padding waste
-    and pack utilization, its layout's truncated pairs (a fraction of all pairs), its training
-    seconds, the composition audit's fragmented documents and cross-document visible tokens, and
-    the mean per-step `train/attention_cost` (nan where the run has no value)."""
+    """A run's numbers in the table: last real tokens and losses, real tokens/s from the totals (real
+    tokens over training seconds: a median of per-step rates would weigh a slow step like a fast
+    one), mean padding waste and pack utilization, its layout's truncated pairs (a fraction of all
+    pairs), its training seconds, the composition audit's fragmented documents and cross-document
+    visible tokens, the mean per-step `train/attention_cost` and the median `sys/load_per_cpu` while
+    it trained (nan where the run has no value)."""
     audit = run.composition
-    speeds = run.values("train/tokens_per_sec")
     clock = run.by_time.get(LOSS, [])
+    seconds = clock[-1][0] if clock else math.nan
+    tokens = run.last("train/tokens")
+    load = run.values("sys/load_per_cpu")
     return {
-        "real_tokens": run.last("train/tokens"),
+        "real_tokens": tokens,
         "train_loss": run.last("train/loss"),
         "val_loss": run.last("val/loss"),
-        "tokens_per_sec": float(np.median(speeds)) if len(speeds) else math.nan,
+        "tokens_per_sec": tokens / seconds if seconds > 0 else math.nan,
         "padding_waste": run.mean("train/padding_waste"),
         "pack_utilization": run.mean("train/pack_utilization"),
         "truncated_pairs": run.truncated_fraction(),
-        "train_seconds": clock[-1][0] if clock else math.nan,
+        "train_seconds": seconds,
         "fragmented_documents": float(audit.get("fragmented_documents", math.nan)),
         "cross_document_visible": float(audit.get("cross_document_visible_fraction", math.nan)),
         "attention_cost": run.mean("train/attention_cost"),
+        "load_per_cpu": float(np.median(load)) if len(load) else math.nan,
     }
