@@ -20,10 +20,11 @@ from pretrain.cli import main, parse_args
 from pretrain.errors import ConfigError
 from pretrain.report.arm_table import WANDB_COLUMNS, arm_table, common_reach, markdown
 from pretrain.report.arms import group_arms
-from pretrain.report.compare import compare, figure, find_runs, load_run
+from pretrain.report.compare import arm_colors, compare, figure, find_runs, label_runs, load_run
 from pretrain.report.statistics import (
     detectable_effect,
     interpolate_at,
+    smooth,
     mean_curve,
     mean_points,
     summarize,
@@ -406,18 +407,36 @@ def test_the_figure_draws_each_arm_as_the_mean_of_its_seeds_with_a_band(study):
     legend = [text.get_text() for text in seconds.get_legend().get_texts()]
     assert legend == [f"{A} (n=3, min-max)", f"{B} (n=3, min-max)", C]
     lines = {line.get_label(): line for line in tokens.lines if not line.get_label().startswith("_")}
-    mean = lines[f"{A} (n=3, min-max)"]
-    # padded 64's seeds share their x (100..400 tokens); the mean train loss is 3.2 + 0.1 * (4 - step)
-    assert mean.get_xdata()[0] == 100.0 and mean.get_xdata()[-1] == 400.0
-    assert mean.get_ydata()[0] == pytest.approx(3.5) and mean.get_ydata()[-1] == pytest.approx(3.2)
-    assert lines[C].get_xdata().tolist() == [75.0, 150.0, 225.0, 300.0]  # one seed: its own curve
-    # validation dots: the mean of the seeds' k-th validations (padded 64: 4.2 at 200, 3.2 at 400 tokens)
-    dots = {
-        (tuple(line.get_xdata()), tuple(np.round(line.get_ydata(), 6)))
+    smoothed = lines[f"{A} (n=3, min-max)"]
+    # the raw mean beside it, faint: padded 64's seeds share their x (100..400 tokens) and the mean
+    # train loss is 3.2 + 0.1 * (4 - step)
+    (raw,) = [
+        line
         for line in tokens.lines
-        if line.get_marker() == "o"
+        if line.get_alpha() == 0.2 and line.get_color() == smoothed.get_color() and len(line.get_xdata()) > 4
+    ]
+    assert raw.get_xdata()[0] == 100.0 and raw.get_xdata()[-1] == 400.0
+    assert raw.get_ydata()[0] == pytest.approx(3.5) and raw.get_ydata()[-1] == pytest.approx(3.2)
+    assert smoothed.get_ydata() == pytest.approx(smooth(raw.get_ydata()))  # the EMA of the raw mean
+    assert smoothed.get_ydata()[0] == pytest.approx(3.5)  # bias-corrected: the start is not pulled to 0
+    assert lines[C].get_xdata().tolist() == [75.0, 150.0, 225.0, 300.0]  # one seed: its own curve
+    # validation points: the mean of the seeds' k-th validations (padded 64: 4.2 at 200, 3.2 at 400
+    # tokens), joined in the arm's line style with its marker (padded 128's style differs: a square)
+    dots = {
+        (
+            line.get_marker(),
+            line.get_linestyle(),
+            tuple(line.get_xdata()),
+            tuple(np.round(np.asarray(line.get_ydata(), dtype=float), 6)),
+        )
+        for line in tokens.lines
+        if line.get_marker() not in ("None", None, "", "_")  # "_": the error bars' caps
     }
-    assert dots == {((200.0, 400.0), (4.2, 3.2)), ((250.0, 500.0), (4.0, 3.0)), ((150.0, 300.0), (3.8, 2.8))}
+    assert dots == {
+        ("o", "-", (200.0, 400.0), (4.2, 3.2)),
+        ("o", "-", (250.0, 500.0), (4.0, 3.0)),
+        ("s", "--", (150.0, 300.0), (3.8, 2.8)),
+    }
     bands = tokens.collections  # fill_between per seeded arm, error bars of their validation dots
     assert len([c for c in bands if type(c).__name__ == "FillBetweenPolyCollection"]) == 2
     plt.close(fig)
@@ -648,3 +667,59 @@ def test_time_based_rows_and_panels_are_marked_unreliable_when_a_run_was_contend
         for t in titles
     )
     plt.close(fig)
+
+
+def test_a_repeated_seed_is_one_run_not_a_second_seed(tmp_path, caplog):
+    write_run(tmp_path / "a" / "0", policy="padded", seed=1, train_loss=3.0, val=(4.0, 3.0))
+    write_run(tmp_path / "b" / "0", policy="padded", seed=1, train_loss=3.0, val=(4.0, 3.0))
+    write_run(tmp_path / "b" / "1", policy="padded", seed=2, train_loss=3.2, val=(4.0, 3.2))
+    with caplog.at_level("WARNING"):
+        (arm,) = _arms(tmp_path)
+    assert arm.n == 2 and arm.seeds == [1, 2]
+    assert [str(run.path) for run in arm.runs] == [str(tmp_path / "a" / "0"), str(tmp_path / "b" / "1")]
+    assert f"{tmp_path / 'b' / '0'} repeats seed 1 of {tmp_path / 'a' / '0'}" in caplog.text
+
+
+def test_the_default_reference_is_the_padded_arm_wherever_the_sweep_put_it(tmp_path):
+    # a demo's directories sort bestfit before padded; a sweep's jobs may run padded first
+    write_run(tmp_path / "bestfit", policy="bestfit", seed=1, train_loss=2.5, val=(4.0, 2.9))
+    write_run(tmp_path / "padded", policy="padded", seed=1, train_loss=3.0, val=(4.0, 3.0))
+    arms = _arms(tmp_path)
+    assert [arm.label for arm in arms] == ["bestfit", "padded"]
+    assert arm_table(arms).reference.label == "padded"
+    write_run(tmp_path / "vsl", policy="vsl", seed=1, train_loss=2.5, val=(4.0, 2.9))
+    (tmp_path / "padded" / "metrics.csv").unlink()
+    assert arm_table(_arms(tmp_path)).reference.label == "bestfit"  # no padded arm: the first
+
+
+def test_runs_alike_are_told_apart_by_their_paths_not_by_job_numbers_every_sweep_has(tmp_path):
+    for sweep in ("sweep-a", "sweep-b"):
+        directory = tmp_path / sweep / "0"
+        directory.mkdir(parents=True)
+        (directory / "metrics.csv").write_text("step,train/loss,train/tokens\n1,3.0,100\n")  # no config
+    runs = [load_run(path) for path in find_runs([tmp_path])]
+    arms = group_arms(runs)
+    label_runs(arms)
+    assert [arm.label for arm in arms] == ["0 (sweep-a/0)", "0 (sweep-b/0)"]  # no config: arms of their own
+    assert [run.label for run in runs] == ["0 (sweep-a/0)", "0 (sweep-b/0)"]
+
+
+def test_more_than_four_arms_also_get_one_small_panel_each(tmp_path):
+    policies = ("padded", "bestfit", "firstfit", "vsl", "prepacked")
+    for job, policy in enumerate(policies):
+        write_run(tmp_path / str(job), policy=policy, seed=1, train_loss=3.0 - job / 10, val=(4.0, 3.0))
+    runs = [load_run(path) for path in find_runs([tmp_path])]
+    arms = group_arms(runs)
+    fig = figure(runs, arms, arm_table(arms))
+    small = [ax for ax in fig.axes if ax.get_title().split("\n")[0] in policies]
+    assert [ax.get_title().split("\n")[0] for ax in small] == list(policies)
+    assert small[0].get_title() == "padded\nreference"
+    for ax, arm in zip(small, arms, strict=True):
+        coloured = [line for line in ax.lines if line.get_color() != "0.8"]
+        grey = [line for line in ax.lines if line.get_color() == "0.8"]
+        assert len(grey) == 4  # every other arm's smoothed train loss
+        assert {line.get_color() for line in coloured} == {arm_colors([arm.layout])[arm.layout]}
+    plt.close(fig)
+    four = figure(runs[:4], group_arms(runs[:4]))  # four arms: the combined panels alone
+    assert not [ax for ax in four.axes if ax.get_title().split("\n")[0] in policies]
+    plt.close(four)

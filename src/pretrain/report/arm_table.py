@@ -20,8 +20,8 @@ A run without a value (it never validated, or its validations do not span the ch
 short of it or first validated after it; nothing is extrapolated) is left out of that metric's n and
 named under its section.
 
-Reference: `--reference LABEL` (an arm's label as the table prints it), by default the first arm when
-there are several and none for a single arm.
+Reference: `--reference LABEL` (an arm's label as the table prints it), by default the first padded
+arm (the baseline), else the first arm, when there are several; none for a single arm.
 """
 
 from __future__ import annotations
@@ -295,9 +295,12 @@ def component_losses(runs: list[Run]) -> list[str]:
 
 
 def reference_arm(arms: list[Arm], label: str | None) -> Arm | None:
-    """The arm `--reference LABEL` names; without one the first arm, or none for a single arm."""
+    """The arm `--reference LABEL` names. Without one: the first padded arm (the baseline packing is
+    measured against, wherever the sweep put it), else the first arm; none for a single arm."""
     if label is None:
-        return arms[0] if len(arms) > 1 else None
+        if len(arms) < 2:
+            return None
+        return next((arm for arm in arms if arm.runs[0].policy == "padded"), arms[0])
     for arm in arms:
         if arm.label == label:
             return arm

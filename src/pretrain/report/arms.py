@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..training.run_record import Run, layout_options, policy_layout_options
 
@@ -115,19 +116,29 @@ class Arm:
 
 
 def group_arms(runs: list[Run]) -> list[Arm]:
-    """The runs grouped into arms (in the order of each arm's first run), labelled by `label_arms`."""
+    """The runs grouped into arms (in the order of each arm's first run), labelled by `label_arms`.
+    A seed an arm already holds is one run, not a second seed (two runs of one seed would count as
+    n = 2 with a spread of rounding noise): the first found is kept, and a warning names the others."""
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
-        groups.setdefault(setting(run), []).append(run)
+        members = groups.setdefault(setting(run), [])
+        twin = next(
+            (
+                kept
+                for kept in members
+                if run.config and repr(kept.config.get(SEED)) == repr(run.config.get(SEED))
+            ),
+            None,
+        )
+        if twin is not None:
+            log.warning(
+                f"{run.path} repeats seed {run.config.get(SEED)} of {twin.path} with the same settings: "
+                f"left out (one seed is one sample; give repeats another seed=)"
+            )
+            continue
+        members.append(run)
     arms = [Arm("", members) for members in groups.values()]
     label_arms(arms)
-    for arm in arms:
-        repeated = [seed for seed, count in Counter(map(repr, arm.seeds)).items() if count > 1]
-        if arm.n > 1 and repeated:
-            log.warning(
-                f"arm {arm.label!r}: runs {', '.join(str(r.path) for r in arm.runs)} share seed "
-                f"{', '.join(repeated)}: repeats of one seed are counted as separate runs"
-            )
     return arms
 
 
@@ -177,13 +188,24 @@ def label_arms(arms: list[Arm]) -> list[str]:
 
 def _what_differs(arms: list[Arm]) -> list[str]:
     """For arms with one label: the `key=value` pairs in which each differs from the others (every key
-    in full, missing ones as `None`), else its first run's directory name in parentheses."""
+    in full, missing ones as `None`), else the end of its first run's path that tells it apart."""
     settings = [
         {key: str(value) for key, value in flat_config(arm.config).items() if (key, repr(value)) in kept}
         for arm, kept in ((arm, set(setting(arm.runs[0]))) for arm in arms)
     ]
     keys = sorted({key for s in settings for key in s if len({s.get(key) for s in settings}) > 1})
+    where = distinguishing_paths([arm.runs[0].path for arm in arms])
     return [
-        " ".join(f"{key}={s.get(key, 'None')}" for key in keys) or f"({arm.runs[0].path.name})"
-        for arm, s in zip(arms, settings, strict=True)
+        " ".join(f"{key}={s.get(key, 'None')}" for key in keys) or f"({path})"
+        for s, path in zip(settings, where, strict=True)
     ]
+
+
+def distinguishing_paths(paths: list[Path]) -> list[str]:
+    """The shortest trailing parts of the paths (at least the last one) that differ for every path."""
+    parts = [Path(path).resolve().parts for path in paths]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        tails = ["/".join(p[-depth:]) for p in parts]
+        if len(set(tails)) == len(tails):
+            return tails
+    return [str(path) for path in paths]

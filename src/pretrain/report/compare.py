@@ -45,10 +45,10 @@ from ..fileio import write_text_atomic
 from ..training.metrics_file import FILE_NAME
 from ..training.run_record import LOSS, Run, layout_options, load_run, run_numbers
 from .arm_table import WANDB_COLUMNS, ArmTable, arm_table, markdown, p_text, reference_arm, wandb_rows
-from .arms import SEED, Arm, flat_config, group_arms, swept_keys
+from .arms import SEED, Arm, distinguishing_paths, flat_config, group_arms, swept_keys
 from .floors import DESCRIPTION, FLOORS
 from .floors import shared as shared_floor
-from .statistics import BAND_MIN_MAX_UP_TO, TOO_FEW, band_name, mean_curve, mean_points, summarize
+from .statistics import BAND_MIN_MAX_UP_TO, TOO_FEW, band_name, mean_curve, mean_points, smooth, summarize
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def _natural(path: Path) -> list[tuple[int, int | str]]:
 
 def find_runs(directories: list[Path]) -> list[Path]:
     """The run directories under each directory (in the order given), job numbers in numeric order: a
-    multirun's arms come in the order its jobs ran (the first is the default reference arm)."""
+    multirun's arms come in the order its jobs ran."""
     runs = []
     for directory in directories:
         if not directory.exists():
@@ -110,17 +110,22 @@ def find_runs(directories: list[Path]) -> list[Path]:
 
 def label_runs(arms: list[Arm]) -> None:
     """Each run's label (the run table's first column) is its arm's, plus its seed when the compared
-    runs' seeds differ (`bestfit max_seq_len=128 seed=2`); runs still alike (repeats of one seed,
-    runs without a config) add their directory's name."""
+    runs' seeds differ (`bestfit max_seq_len=128 seed=2`); runs still alike (runs without a config)
+    add the shortest end of their paths that tells them apart (`sweep-a/0`, not a job number that
+    every sweep has)."""
     runs = [run for arm in arms for run in arm.runs]
     seeded = len({repr(run.config.get(SEED)) for run in runs}) > 1
     for arm in arms:
         for run in arm.runs:
             run.label = arm.label + (f" seed={run.config.get(SEED)}" if seeded and run.config else "")
     counts = Counter(run.label for run in runs)
+    alike: dict[str, list[Run]] = {}
     for run in runs:
         if counts[run.label] > 1:
-            run.label = f"{run.label} ({run.path.name})"
+            alike.setdefault(run.label, []).append(run)
+    for label, group in alike.items():
+        for run, where in zip(group, distinguishing_paths([run.path for run in group]), strict=True):
+            run.label = f"{label} ({where})"
 
 
 def arm_styles(arms: list[Arm], keys: list[str]) -> tuple[list[str], list[Any]]:
@@ -363,24 +368,41 @@ def draw_floors(ax, runs: list[Run]) -> None:
             )
 
 
-def _draw_arm(ax, arm: Arm, attribute: str, color: str, style: Any, comparison: str = "") -> None:
-    """One arm on a loss panel: a single run's own train curve and validation dots; several seeds'
-    mean train curve with its band (read off x values every seed covers: nothing extrapolated) and
-    the mean of their k-th validations with the band as error bars."""
+MARKERS = ("o", "s", "^", "D", "v", "P")
+"""Validation markers, one per line style: a validation point carries its arm's style too."""
+SMALL_MULTIPLES_ABOVE = 4
+"""More arms than this also get one small panel each (the arm over the others in grey)."""
+
+
+def _marker(style: Any) -> str:
+    return MARKERS[LINE_STYLES.index(style) % len(MARKERS)] if style in LINE_STYLES else "o"
+
+
+def _draw_arm(
+    ax, arm: Arm, attribute: str, color: str, style: Any, comparison: str = "", legend: bool = True
+) -> None:
+    """One arm on a loss panel: its train loss smoothed (EMA; the raw curve faint) and its validation
+    points joined in the arm's line style with its marker; several seeds: their mean train curve with
+    its band (read off x values every seed covers: nothing extrapolated) and the mean of their k-th
+    validations with the band as error bars."""
     trains = [getattr(run, attribute).get(LOSS, []) for run in arm.runs]
     vals = [getattr(run, attribute).get("val/loss", []) for run in arm.runs]
+    label = _legend_label(arm, comparison) if legend else "_nolegend_"
+    marker = _marker(style)
     if arm.n == 1:
         train, val = np.array(trains[0]), np.array(vals[0])
         if len(train):
-            label = _legend_label(arm, comparison)
-            ax.plot(train[:, 0], train[:, 1], color=color, linestyle=style, alpha=0.85, label=label)
+            ax.plot(train[:, 0], train[:, 1], color=color, linestyle=style, alpha=0.2, linewidth=0.8)
+            ax.plot(train[:, 0], smooth(train[:, 1]), color=color, linestyle=style, alpha=0.9, label=label)
         if len(val):
-            ax.plot(val[:, 0], val[:, 1], "o", color=color, markersize=5)
+            ax.plot(
+                val[:, 0], val[:, 1], color=color, linestyle=style, marker=marker, markersize=5, linewidth=1
+            )
         return
     curve = mean_curve(trains)
     if curve is not None:
-        label = _legend_label(arm, comparison)
-        ax.plot(curve.x, curve.mean, color=color, linestyle=style, alpha=0.9, label=label)
+        ax.plot(curve.x, curve.mean, color=color, linestyle=style, alpha=0.2, linewidth=0.8)
+        ax.plot(curve.x, smooth(curve.mean), color=color, linestyle=style, alpha=0.9, label=label)
         ax.fill_between(curve.x, curve.low, curve.high, color=color, alpha=0.2, linewidth=0)
     dots = mean_points(vals)
     if dots is not None:
@@ -388,11 +410,33 @@ def _draw_arm(ax, arm: Arm, attribute: str, color: str, style: Any, comparison: 
             dots.x,
             dots.mean,
             yerr=[dots.mean - dots.low, dots.high - dots.mean],
-            fmt="o",
+            fmt=marker,
+            linestyle=style,
+            linewidth=1,
             color=color,
             markersize=5,
             capsize=3,
         )
+
+
+def small_multiples(fig, cells, runs: list[Run], arms: list[Arm], colors, styles, labels) -> None:
+    """One panel per arm, loss against real tokens: the arm in its colour over every other arm in
+    light grey (their smoothed train losses), so many arms read without spaghetti."""
+    first = None
+    for index, (arm, color, style) in enumerate(zip(arms, colors, styles, strict=True)):
+        ax = fig.add_subplot(cells[index], sharex=first, sharey=first)
+        first = first or ax
+        for other in arms:
+            if other is not arm:
+                for run in other.runs:
+                    train = np.array(run.series.get(LOSS, []))
+                    if len(train):
+                        ax.plot(train[:, 0], smooth(train[:, 1]), color="0.8", linewidth=0.8)
+        _draw_arm(ax, arm, "series", color, style, legend=False)
+        comparison = labels.get(id(arm), "")
+        ax.set_title(_wrapped(arm.label) + (f"\n{comparison}" if comparison else ""), fontsize=7)
+        ax.tick_params(labelsize=7)
+        draw_floors(ax, runs)
 
 
 def figure(
@@ -416,14 +460,17 @@ def figure(
     keys = swept_keys([arm.runs[0] for arm in arms], ignored=(SEED,))
     colors, styles = arm_styles(arms, keys)
     # Constrained layout makes room for the legend and long labels (tight_layout warned when it could not).
-    fig = plt.figure(figsize=(16, 10), layout="constrained")
-    grid = fig.add_gridspec(2, 6, height_ratios=[1.3, 1])
+    multiples = math.ceil(len(arms) / 4) if len(arms) > SMALL_MULTIPLES_ABOVE else 0
+    fig = plt.figure(figsize=(16, 10 + 3 * multiples), layout="constrained")
+    outer = fig.add_gridspec(3, 1, height_ratios=[1.3, 0.9 * multiples, 1]) if multiples else None
+    grid = outer[0].subgridspec(1, 6) if outer is not None else fig.add_gridspec(2, 6, height_ratios=[1.3, 1])
+    bar_grid = outer[2].subgridspec(1, 6) if outer is not None else grid
     swept = ", ".join(key.split(".")[-1] for key in keys)
     seeded = any(arm.n >= 2 for arm in arms)
     fig.suptitle(
         "what packing buys: colour = policy"
         + (f", line style = {swept}" if swept else "")
-        + "; lines: train loss, dots: validation loss"
+        + "; lines: train loss (EMA; raw faint), markers: validation loss"
         + (
             f"\narms of several seeds: their mean, band min-max for n <= {BAND_MIN_MAX_UP_TO} seeds, "
             "+-1 std above (bars: error bars)"
@@ -455,6 +502,11 @@ def figure(
         labelled[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), title="arm")
     elif labelled:  # inside the left panel: outside it would cover the right one
         labelled[-1].legend(fontsize=8, loc="upper right", title="arm")
+    if outer is not None:  # many arms: one small panel each, 4 to a row
+        cells = outer[1].subgridspec(multiples, 4)
+        small_multiples(
+            fig, [cells[i // 4, i % 4] for i in range(len(arms))], runs, arms, colors, styles, labels
+        )
     rows = bars(arms, colors)
     y = np.arange(len(rows))
     single = len(runs) == 1
@@ -484,7 +536,7 @@ def figure(
     )[: 3 if timing else 2]
     width = 6 // len(panels)
     for column, (title, values, texts, fraction, band) in enumerate(panels):
-        ax = fig.add_subplot(grid[1, width * column : width * column + width])
+        ax = fig.add_subplot(bar_grid[-1, width * column : width * column + width])
         drawn = [v if math.isfinite(v) else 0.0 for v in values]
         bands = [getattr(r, band) if band else None for r in rows]
         errors = None

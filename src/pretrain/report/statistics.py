@@ -253,3 +253,24 @@ def mean_points(curves: list[list[tuple[float, float]]]) -> MeanCurve | None:
     summaries = [summarize(list(points[:, k, 1])) for k in range(count)]
     bands = np.array([summary.band() for summary in summaries])
     return MeanCurve(points[:, :, 0].mean(axis=0), points[:, :, 1].mean(axis=0), bands[:, 0], bands[:, 1])
+
+
+SMOOTHING_SPAN_FRACTION = 1 / 15
+"""The train loss's EMA span: this fraction of its logged points (at least 2)."""
+
+
+def smooth(values: np.ndarray) -> np.ndarray:
+    """An exponential moving average of a curve's values with the start's bias corrected (as
+    TensorBoard's smoothing: the first points are not pulled towards 0), span a fixed fraction of the
+    curve's points, so a curve of any length is smoothed alike."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 3:
+        return values.copy()
+    span = max(2.0, len(values) * SMOOTHING_SPAN_FRACTION)
+    keep = 1.0 - 2.0 / (span + 1.0)
+    smoothed = np.empty_like(values)
+    average = 0.0
+    for i, value in enumerate(values):
+        average = keep * average + (1.0 - keep) * value
+        smoothed[i] = average / (1.0 - keep ** (i + 1))
+    return smoothed
