@@ -250,3 +250,45 @@ def test_a_read_only_cache_keeps_its_floors_in_the_state_directory(tmp_path, mon
     assert not (tmp_path / "cache" / FLOORS).exists()
     [stored] = (tmp_path / "state" / "floors").glob("k-*.json")
     assert json.loads(stored.read_text())["unigram"] == result["unigram"]
+
+
+# --- where the floors appear ----------------------------------------------------------------------
+
+
+def test_the_wandb_summary_row_names_the_floors():
+    from pretrain.training.loggers import summary_row
+
+    floors = split_floors(token_split(TRAIN_DOCS, "train"), token_split(VALIDATION_DOCS, "validation"), BYTES)
+    row = summary_row({"floors": floors, "steps": 1})
+    for model in ("unigram", "bigram"):
+        assert row[f"summary/floor/{model}_nats"] == floors[model]["nats"]
+        assert row[f"summary/floor/{model}_bits_per_byte"] == floors[model]["bits_per_byte"]
+    assert not [key for key in summary_row({"floors": None, "steps": 1}) if "floor" in key]
+
+
+def test_inspect_data_reports_the_caches_floors(parquet_file, cache_root, tmp_path, capsys):
+    from helpers.configs import files_override
+
+    from pretrain.cli import main
+    from pretrain.config import load_config, to_config
+    from pretrain.data.cache import CacheSpec, max_token_id
+    from pretrain.data.prepare import prepare_cache
+    from pretrain.data.tokenizer import token_byte_lengths
+
+    overrides = ["source=local", files_override([parquet_file]), "split.validation_fraction=0.2"]
+    output = tmp_path / "stats.json"
+    assert main(["inspect-data", *overrides, f"output={output}"]) == 0
+    stats = json.loads(output.read_text())
+    # The same numbers as the floors of the cache's splits computed here (GPT-2's whole vocabulary).
+    spec = CacheSpec.from_config(to_config(load_config(overrides)))
+    cache = prepare_cache(spec)
+    files = spec.tokenizer_files
+    token_bytes = token_byte_lengths(files, max_token_id(files) + 1)
+    assert len(token_bytes) == 50257
+    expected = split_floors(cache.split("train"), cache.split("validation"), token_bytes)
+    assert stats["floors"] == expected
+    assert expected["validation_pairs"] == cache.counts()["validation"]["prediction_pairs"] > 0
+    assert expected["bigram"]["nats"] < expected["unigram"]["nats"] < math.log(50257)
+    table = capsys.readouterr().out
+    assert "floors.bigram.nats" in table and f"{expected['bigram']['lambda']:.4f}" in table
+    assert (spec.directory / FLOORS).is_file()
