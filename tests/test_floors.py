@@ -110,6 +110,7 @@ def test_floors_of_a_hand_made_corpus_match_plain_loops():
 def test_blocks_do_not_change_the_counts(monkeypatch):
     whole = split_floors(token_split(TRAIN_DOCS, "train"), token_split(VALIDATION_DOCS, "validation"), BYTES)
     monkeypatch.setattr(floors_module, "_BLOCK_TOKENS", 3)  # a few documents per block, merged after
+    monkeypatch.setattr(floors_module, "_MERGE_EVERY", 2)  # and merged as they come
     blocks = split_floors(token_split(TRAIN_DOCS, "train"), token_split(VALIDATION_DOCS, "validation"), BYTES)
     assert blocks["unigram"] == whole["unigram"]
     assert blocks["bigram"]["nats"] == pytest.approx(whole["bigram"]["nats"], rel=1e-12)

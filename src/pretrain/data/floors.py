@@ -2,7 +2,8 @@
 models counted on its train split, stored as `floors.json` beside the manifest.
 
 The pairs are the manifest's `prediction_pairs`: every (t_i, t_i+1) inside one document's token run,
-its closing EOS the last target, so the floors are on the pairs val/loss and `pretrain eval` score.
+its closing EOS the last target: the pairs `pretrain eval` scores, and val/loss (which scores only the
+first documents' pairs when train.val_batches is set).
 Both models are counted on the train split's pairs (a document's first token is never a target):
 
 * unigram, add-one over the whole vocabulary of V ids: P(b) = (c(b) + 1) / (N + V), c(b) the train
@@ -53,6 +54,7 @@ HELD_OUT_FRACTION = 0.1
 DEFAULT_LAMBDA = 0.5
 METHOD = "jelinek-mercer"
 _BLOCK_TOKENS = 1 << 22  # tokens gathered at once: memory stays flat on a memory-mapped split
+_MERGE_EVERY = 8  # blocks' runs merged at once
 
 
 # --- counting --------------------------------------------------------------------------------------
@@ -106,6 +108,9 @@ def distinct_pairs(blocks) -> tuple[np.ndarray, np.ndarray]:
         k, c = _runs(np.sort(codes))
         keys.append(k)
         counts.append(c)
+        if len(keys) == _MERGE_EVERY:  # memory: the distinct pairs so far plus a few blocks' runs
+            merged = _merge(keys, counts)
+            keys, counts = [merged[0]], [merged[1]]
     if not keys:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     if len(keys) == 1:
