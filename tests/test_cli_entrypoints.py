@@ -85,6 +85,10 @@ def test_inspect_data_writes_every_design_key(tmp_path, env, policy):
     assert DESIGN_KEYS <= set(stats)
     assert stats["train_validation_overlap"] == 0
     assert stats["prediction_pairs"] == stats["raw_tokens"] - stats["documents"]
+    # The floors (data/floors.py) are on every validation pair: the ones `pretrain eval` scores.
+    floors = stats["floors"]
+    assert floors["validation_pairs"] == stats["validation"]["prediction_pairs"] > 0
+    assert 0 < floors["bigram"]["nats"] < floors["unigram"]["nats"] and 0 < floors["bigram"]["lambda"] < 1
     if policy == "padded":
         assert stats["padding_waste"] > 0 and stats["truncated_pairs"] > 0
     else:

@@ -340,6 +340,16 @@ def test_inspect_data_reports_each_component(tmp_path):
     assert flat["data/mixture/repo/uses_per_epoch"] == web["uses_per_epoch"]
     assert flat["data/mixture/pydocs/tokens"] == docs["tokens"]
     assert flat["data/validation/scored_pairs"] == stats["validation"]["scored_pairs"]
+    # Floors: each component's, of its own cache, and over all their validation pairs at the top.
+    from pretrain.data.floors import spec_floors
+
+    for component in spec.components:
+        own = spec_floors(component.cache, datamodule.caches[component.name])
+        assert stats["mixture"][component.name]["floors"] == own
+    pairs = docs["floors"]["validation_pairs"] + web["floors"]["validation_pairs"]
+    assert stats["floors"]["validation_pairs"] == pairs
+    nats = sum(part["floors"]["bigram"]["nats"] * part["floors"]["validation_pairs"] for part in (docs, web))
+    assert stats["floors"]["bigram"]["nats"] == pytest.approx(nats / pairs, rel=1e-12)
 
 
 def test_training_logs_tokens_and_validation_loss_per_component(tmp_path):
@@ -393,6 +403,12 @@ def test_training_logs_tokens_and_validation_loss_per_component(tmp_path):
     # A mixture has no one cache directory: run.json names each component's; compare's plot still works.
     record = json.loads((out / "run.json").read_text())
     assert "cache_dir" not in record and set(record["cache_dirs"]) == {"pydocs", "repo"}
+    # Its floors: each component's, pooled over their validation pairs as val/loss pools them.
+    from pretrain.data.floors import combined_floors, spec_floors
+
+    parts = {c.name: spec_floors(c.cache, prepare_cache(c.cache)) for c in spec.components}
+    assert record["floors"] == combined_floors(parts) == summary["floors"]
+    assert set(record["floors"]["components"]) == {"pydocs", "repo"}
     from pretrain.report.compare import plot_run
 
     assert plot_run(out).is_file()

@@ -188,6 +188,13 @@ def test_summary_row_and_comparison_plot_at_the_end(sweep):
         composition = result["composition"]
         assert summary["summary/fragmented_documents"] == composition["fragmented_documents"]
         assert summary["summary/cross_document_visible"] == composition["cross_document_visible_fraction"]
+        floors = result["floors"]  # data/floors.py: the run's cache's, in run.json and the summary row
+        assert floors["bigram"]["method"] == "jelinek-mercer" and floors["sample"] is None
+        for model in ("unigram", "bigram"):
+            assert summary[f"summary/floor/{model}_nats"] == pytest.approx(floors[model]["nats"], rel=1e-12)
+            assert summary[f"summary/floor/{model}_bits_per_byte"] == pytest.approx(
+                floors[model]["bits_per_byte"], rel=1e-12
+            )
         image = summary[PLOT_KEY]
         assert image["_type"] == "image-file" and image["format"] == "png"
         png = run.path.parent / "files" / image["path"]

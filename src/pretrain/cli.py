@@ -116,6 +116,7 @@ def verification_table(result) -> Table:
 
 def cmd_inspect(overrides: list[str], output: str | None) -> int:
     config, spec = _cache_spec(overrides)
+    from .data.floors import combined_floors, spec_floors
     from .data.mixture import MixtureSpec
     from .data.policies import PolicySettings
     from .data.prepare import prepare_cache
@@ -128,6 +129,7 @@ def cmd_inspect(overrides: list[str], output: str | None) -> int:
         stats = inspect_split(
             settings, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir
         )
+        stats["floors"] = spec_floors(spec, cache)
     else:  # the mixed epoch, and each component's statistics under mixture.<name>
         mixture.check_policy(settings.policy)
         caches = [prepare_cache(component.cache) for component in mixture.components]
@@ -135,6 +137,12 @@ def cmd_inspect(overrides: list[str], output: str | None) -> int:
         parts = [cache.split("validation") for cache in caches]
         validation, _ = mixture.mix(parts)
         stats = inspect_split(settings, train, validation, mixture=mixed, validation_parts=parts)
+        floors = {
+            c.name: spec_floors(c.cache, cache) for c, cache in zip(mixture.components, caches, strict=True)
+        }
+        for name, floor in floors.items():
+            stats["mixture"][name]["floors"] = floor
+        stats["floors"] = {k: v for k, v in combined_floors(floors).items() if k != "components"}
     Console().print(render_table(stats))
     if output:  # without one the table is the answer
         path = Path(output)

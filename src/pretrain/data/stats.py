@@ -39,6 +39,8 @@ PERCENT_KEYS = frozenset(
         "update_share_deviation_mean",
     }
 )
+FLOOR_KEYS = frozenset({"nats", "bits_per_byte", "lambda"})
+"""The floors' numbers (data/floors.py): shown to four decimals."""
 LEAK_IDS_NAMED = 3
 """The leak warning names this many documents (id prefixes); the JSON lists every one."""
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
@@ -241,6 +243,8 @@ def _fmt(key: str, value) -> str:
             return f"{value:.5f}"
         if key == "uses_per_epoch":
             return f"{value:.3f}"
+        if key in FLOOR_KEYS:
+            return f"{value:.4f}"
         return f"{value:,.1f}" if math.isfinite(value) else str(value)
     if isinstance(value, int):
         return f"{value:,}"
@@ -262,14 +266,19 @@ def render_table(stats: dict) -> Table:
     for key, value in stats.items():
         if key in ("policy", "max_seq_len", "verbatim_leak_ids"):  # the ids: in the caption and JSON
             continue
-        if isinstance(value, dict):
-            for sub, item in value.items():
-                if isinstance(item, dict):  # mixture.<component>.<statistic>
-                    for leaf, number in item.items():
-                        table.add_row(f"{key}.{sub}.{leaf}", _fmt(leaf, number))
-                    continue
-                table.add_row(f"{key}.{sub}", _fmt(sub, item))
+        if isinstance(value, dict):  # mixture.<component>.<statistic>, floors.bigram.nats, ...
+            for name, leaf, number in _leaves(key, value):
+                table.add_row(name, _fmt(leaf, number))
             continue
         style = "bold red" if key in loud and value else None
         table.add_row(key, _fmt(key, value), style=style)
     return table
+
+
+def _leaves(key: str, value: dict):
+    """(dotted name, last key, value) of every non-dict entry below `value`."""
+    for sub, item in value.items():
+        if isinstance(item, dict):
+            yield from _leaves(f"{key}.{sub}", item)
+        else:
+            yield f"{key}.{sub}", sub, item

@@ -48,6 +48,7 @@ from ..data.evaluation import (
     evaluation_units,
     validation_pairs,
 )
+from ..data.floors import combined_floors, spec_floors
 from ..data.mixture import MixtureSpec
 from ..data.policies import PolicySettings
 from ..data.prepare import prepare_cache
@@ -136,6 +137,7 @@ class PretrainDataModule(L.LightningDataModule):
         self.validation_sets: list[ValidationSet] | None = None  # this rank's share of the pairs
         self._trained_state: dict | None = None  # sampler state after the last trained update
         self._resume_state: dict | None = None  # from a checkpoint, applied when the sampler is built
+        self._floors: dict | None = None
 
     def prepare_data(self) -> None:
         # Local rank 0 builds or verifies; the other ranks verify in setup() (the file lock makes
@@ -195,6 +197,22 @@ class PretrainDataModule(L.LightningDataModule):
                     "no validation runs and val/loss is not logged; set split.validation_fraction "
                     "above 0 (e.g. 0.05) to validate"
                 )
+        if rank == 0:
+            self.floors()  # now, not in a preempted run's grace time at its end (stored once per cache)
+
+    def floors(self) -> dict | None:
+        """The floors a run must beat (data/floors.py) on its validation pairs: its one cache's, or a
+        mixture's pooled over its components' (each under `components`); None while a cache is not
+        prepared (a run stopped while building it)."""
+        if self._floors is None:
+            if self.mixture is None:
+                if self.cache is not None:
+                    self._floors = spec_floors(self.spec, self.cache)
+            elif len(self.caches) == len(self.mixture.components):
+                self._floors = combined_floors(
+                    {c.name: spec_floors(c.cache, self.caches[c.name]) for c in self.mixture.components}
+                )
+        return self._floors
 
     def validation_batches(self) -> Iterator[PackedBatch]:
         """This rank's validation batches (every set's, in order): the same pairs for every policy."""

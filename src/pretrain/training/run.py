@@ -428,6 +428,8 @@ def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None
         "metrics": dict(module.last_metrics),
         "is_global_zero": trainer.is_global_zero,
         "max_tokens": config.train.max_tokens,
+        # What context-free models score on the validation pairs (data/floors.py): rank zero's.
+        "floors": datamodule.floors() if trainer.is_global_zero else None,
     }
     if trainer.is_global_zero and datamodule.train_sampler is not None:
         # What the policy did to the corpus (data/audit.py), for `pretrain compare`'s table: the

@@ -1,0 +1,295 @@
+"""Floors (data/floors.py): the unigram and Jelinek-Mercer bigram cross-entropy of a hand-made cache's
+validation pairs, recomputed here with plain loops and Counter; the sample above the cap; a mixture's
+pooled floors; and floors.json: reused, recomputed for a rebuilt cache, written atomically under a lock."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from filelock import FileLock, Timeout
+
+from pretrain.data import floors as floors_module
+from pretrain.data.cache import Cache
+from pretrain.data.floors import FLOORS, cache_floors, combined_floors, split_floors
+from pretrain.data.tokens import TokenSplit
+from pretrain.data.writer import SplitWriter
+
+VOCAB = 7
+EOS = 6
+BYTES = np.array([1, 2, 1, 3, 1, 2, 0])  # id -> UTF-8 bytes; EOS none
+# Ten train documents (the last held out for λ) and three validation ones, EOS after each.
+TRAIN = [
+    [0, 1, 2, 1, 2],
+    [1, 2, 3],
+    [0, 0, 1, 2, 2, 4],
+    [3, 4, 3, 4],
+    [1, 2],
+    [2, 3, 1, 2, 3],
+    [0, 1],
+    [4, 4, 4, 1],
+    [1, 2, 1, 2, 1],
+    [0, 1, 2, 3, 4],
+]
+VALIDATION = [[0, 1, 2, 5], [3, 4, 1], [2]]
+TRAIN_DOCS = [d + [EOS] for d in TRAIN]
+VALIDATION_DOCS = [d + [EOS] for d in VALIDATION]
+
+
+def token_split(documents: list[list[int]], name: str) -> TokenSplit:
+    lengths = np.array([len(d) for d in documents], dtype=np.int64)
+    tokens = np.array([t for d in documents for t in d], dtype=np.uint16)
+    return TokenSplit(tokens=tokens, offsets=np.cumsum(lengths) - lengths, lengths=lengths, name=name)
+
+
+def pairs_of(documents):
+    return [(d[i], d[i + 1]) for d in documents for i in range(len(d) - 1)]
+
+
+def models_by_hand(documents):
+    """(unigram(b), bigram(a, b, λ)) counted on `documents` with Counter, as the module docstring says."""
+    pairs = pairs_of(documents)
+    joint, context, target = Counter(pairs), Counter(a for a, _ in pairs), Counter(b for _, b in pairs)
+
+    def unigram(b):
+        return (target[b] + 1) / (len(pairs) + VOCAB)
+
+    def bigram(a, b, lam):
+        if not context[a]:
+            return unigram(b)
+        return lam * joint[(a, b)] / context[a] + (1 - lam) * unigram(b)
+
+    return unigram, bigram
+
+
+def cross_entropy(documents, probability) -> float:
+    pairs = pairs_of(documents)
+    return -math.fsum(math.log(probability(a, b)) for a, b in pairs) / len(pairs)
+
+
+def check_by_hand(result: dict, counted: list[list[int]]):
+    """`result` against the same floors computed by loops on the `counted` train documents."""
+    unigram, bigram = models_by_hand(counted)
+    lam = result["bigram"]["lambda"]
+    pairs = pairs_of(VALIDATION_DOCS)
+    size = sum(int(BYTES[t]) for d in VALIDATION_DOCS for t in d)
+    assert result["validation_pairs"] == len(pairs) == sum(len(d) - 1 for d in VALIDATION_DOCS)
+    assert result["validation_bytes"] == size
+    assert result["train_tokens_counted"] == sum(len(d) for d in counted)
+    uni = cross_entropy(VALIDATION_DOCS, lambda a, b: unigram(b))
+    bi = cross_entropy(VALIDATION_DOCS, lambda a, b: bigram(a, b, lam))
+    assert result["unigram"]["nats"] == pytest.approx(uni, rel=1e-9, abs=1e-12)
+    assert result["bigram"]["nats"] == pytest.approx(bi, rel=1e-9, abs=1e-12)
+    bits = len(pairs) / math.log(2) / size
+    assert result["unigram"]["bits_per_byte"] == pytest.approx(uni * bits, rel=1e-9)
+    assert result["bigram"]["bits_per_byte"] == pytest.approx(bi * bits, rel=1e-9)
+    assert result["bigram"]["method"] == "jelinek-mercer"
+    # λ: the minimum of the held-out cross-entropy (the last tenth of the counted documents,
+    # counted on the rest), checked on a fine grid.
+    held = max(1, round(0.1 * len(counted)))
+    _, fit_bigram = models_by_hand(counted[:-held])
+    held_out = counted[-held:]
+    best = min(
+        (cross_entropy(held_out, lambda a, b, g=g: fit_bigram(a, b, g)), g)
+        for g in np.linspace(0.001, 0.999, 999)
+    )
+    assert 0 < lam < 1 and abs(lam - best[1]) < 2e-3
+    assert cross_entropy(held_out, lambda a, b: fit_bigram(a, b, lam)) <= best[0] + 1e-9
+
+
+def test_floors_of_a_hand_made_corpus_match_plain_loops():
+    result = split_floors(token_split(TRAIN_DOCS, "train"), token_split(VALIDATION_DOCS, "validation"), BYTES)
+    assert result["version"] == 1 and result["sample"] is None
+    check_by_hand(result, TRAIN_DOCS)
+
+
+def test_blocks_do_not_change_the_counts(monkeypatch):
+    whole = split_floors(token_split(TRAIN_DOCS, "train"), token_split(VALIDATION_DOCS, "validation"), BYTES)
+    monkeypatch.setattr(floors_module, "_BLOCK_TOKENS", 3)  # a few documents per block, merged after
+    monkeypatch.setattr(floors_module, "_MERGE_EVERY", 2)  # and merged as they come
+    blocks = split_floors(token_split(TRAIN_DOCS, "train"), token_split(VALIDATION_DOCS, "validation"), BYTES)
+    assert blocks["unigram"] == whole["unigram"]
+    assert blocks["bigram"]["nats"] == pytest.approx(whole["bigram"]["nats"], rel=1e-12)
+
+
+def test_above_the_cap_every_kth_train_document_is_counted():
+    tokens = sum(len(d) for d in TRAIN_DOCS)  # 47
+    result = split_floors(
+        token_split(TRAIN_DOCS, "train"), token_split(VALIDATION_DOCS, "validation"), BYTES, cap=20
+    )
+    step = -(-tokens // 20)  # 3: documents 0, 3, 6, 9
+    counted = TRAIN_DOCS[::step]
+    check_by_hand(result, counted)
+    assert result["sample"] == (
+        f"every {step}th train document: {len(counted)} of {len(TRAIN_DOCS)} documents, "
+        f"{sum(len(d) for d in counted)} of {tokens} tokens"
+    )
+
+
+def test_one_train_document_and_no_validation_pairs():
+    result = split_floors(token_split(TRAIN_DOCS[:1], "train"), token_split([], "validation"), BYTES)
+    assert result["bigram"]["lambda"] == 0.5  # nothing held out
+    assert result["validation_pairs"] == 0 and result["unigram"]["nats"] is None
+    assert result["bigram"]["bits_per_byte"] is None
+
+
+def test_a_mixtures_floors_pool_the_components_pairs():
+    train = token_split(TRAIN_DOCS, "train")
+    one = split_floors(train, token_split(VALIDATION_DOCS, "validation"), BYTES)
+    other = split_floors(train, token_split(VALIDATION_DOCS[:1], "validation"), BYTES)
+    mixed = combined_floors({"one": one, "other": other})
+    assert mixed["components"] == {"one": one, "other": other}
+    pairs = one["validation_pairs"] + other["validation_pairs"]
+    size = one["validation_bytes"] + other["validation_bytes"]
+    assert mixed["validation_pairs"] == pairs and mixed["validation_bytes"] == size
+    for model in ("unigram", "bigram"):
+        # Pooled as val/loss pools a mixture: total nats over total pairs, total bits over total bytes.
+        nats = one[model]["nats"] * one["validation_pairs"] + other[model]["nats"] * other["validation_pairs"]
+        assert mixed[model]["nats"] == pytest.approx(nats / pairs, rel=1e-12)
+        assert mixed[model]["bits_per_byte"] == pytest.approx(nats / math.log(2) / size, rel=1e-12)
+    # The same pairs scored as one validation split give the same floors (same train counts).
+    joined = split_floors(train, token_split(VALIDATION_DOCS + VALIDATION_DOCS[:1], "validation"), BYTES)
+    assert mixed["unigram"]["nats"] == pytest.approx(joined["unigram"]["nats"], rel=1e-12)
+
+
+# --- floors.json -----------------------------------------------------------------------------------
+
+
+def hand_cache(directory: Path, train=TRAIN_DOCS, validation=VALIDATION_DOCS, key: str = "k") -> Cache:
+    """A cache directory written by the cache's own SplitWriter, with the manifest fields reading it needs."""
+    directory.mkdir(parents=True, exist_ok=True)
+    splits = {}
+    for name, documents in (("train", train), ("validation", validation)):
+        writer = SplitWriter(directory, name, None, np.uint16)
+        for i, document in enumerate(documents):
+            writer.write(f"{name}{i}", np.array(document))
+        splits[name] = writer.close()
+    manifest = {"key": key, "token_dtype": "uint16", "splits": splits}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    return Cache(directory=directory, manifest=manifest)
+
+
+def test_floors_json_is_written_beside_the_manifest_and_reused(tmp_path, monkeypatch):
+    cache = hand_cache(tmp_path / "cache")
+    first = cache_floors(cache, BYTES)
+    check_by_hand(first, TRAIN_DOCS)  # read through the memory-mapped split
+    stored = json.loads((tmp_path / "cache" / FLOORS).read_text())
+    assert {k: v for k, v in stored.items() if k != "computed_from"} == first
+    assert (
+        stored["computed_from"]["files"]["train.bin"]
+        == cache.manifest["splits"]["train"]["files"]["bin"]["sha256"]
+    )
+
+    def never(*args, **kwargs):
+        raise AssertionError("recomputed")
+
+    monkeypatch.setattr(floors_module, "split_floors", never)
+    assert cache_floors(cache, BYTES) == first
+
+
+def test_a_rebuilt_cache_or_another_version_recomputes_the_floors(tmp_path):
+    directory = tmp_path / "cache"
+    cache_floors(hand_cache(directory), BYTES)
+    # Rebuilt in place with other validation documents: other file hashes, so new floors.
+    rebuilt = hand_cache(directory, validation=VALIDATION_DOCS[:2])
+    again = cache_floors(rebuilt, BYTES)
+    assert again["validation_pairs"] == sum(len(d) - 1 for d in VALIDATION_DOCS[:2])
+    stored = json.loads((directory / FLOORS).read_text())
+    assert (
+        stored["computed_from"]["files"]["validation.bin"]
+        == (rebuilt.manifest["splits"]["validation"]["files"]["bin"]["sha256"])
+    )
+    # A floors.json of another version (or edited) is not trusted either.
+    stored.update(version=0, unigram={"nats": 123.0, "bits_per_byte": 1.0})
+    (directory / FLOORS).write_text(json.dumps(stored))
+    assert cache_floors(rebuilt, BYTES)["unigram"] == again["unigram"]
+    assert json.loads((directory / FLOORS).read_text())["version"] == 1
+    # So is one computed under another sample cap.
+    assert cache_floors(rebuilt, BYTES, cap=20)["sample"] is not None
+
+
+def test_floors_json_is_written_atomically_under_the_lock(tmp_path, monkeypatch):
+    cache = hand_cache(tmp_path / "cache")
+    path = tmp_path / "cache" / FLOORS
+    written = []
+    real_write = floors_module.write_json_atomic
+
+    def write_while_locked(target, value):
+        with pytest.raises(Timeout):  # another process (or rank) would wait here
+            FileLock(str(path) + ".lock").acquire(timeout=0)
+        written.append(target)
+        return real_write(target, value)
+
+    monkeypatch.setattr(floors_module, "write_json_atomic", write_while_locked)
+    cache_floors(cache, BYTES)
+    assert written == [path]
+    # A write that fails midway (a full disk at fsync) leaves no floors.json and no temporary behind,
+    # and the floors are still returned.
+    path.unlink()
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    import pretrain.fileio
+
+    monkeypatch.setattr(pretrain.fileio.os, "fsync", full_disk)
+    result = cache_floors(cache, BYTES)
+    check_by_hand(result, TRAIN_DOCS)
+    assert not path.exists()
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_read_only_cache_keeps_its_floors_in_the_state_directory(tmp_path, monkeypatch):
+    cache = hand_cache(tmp_path / "cache")
+    monkeypatch.setenv("PRETRAIN_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(floors_module, "writable_dir", lambda path: False)
+    result = cache_floors(cache, BYTES)
+    assert not (tmp_path / "cache" / FLOORS).exists()
+    [stored] = (tmp_path / "state" / "floors").glob("k-*.json")
+    assert json.loads(stored.read_text())["unigram"] == result["unigram"]
+
+
+# --- where the floors appear ----------------------------------------------------------------------
+
+
+def test_the_wandb_summary_row_names_the_floors():
+    from pretrain.training.loggers import summary_row
+
+    floors = split_floors(token_split(TRAIN_DOCS, "train"), token_split(VALIDATION_DOCS, "validation"), BYTES)
+    row = summary_row({"floors": floors, "steps": 1})
+    for model in ("unigram", "bigram"):
+        assert row[f"summary/floor/{model}_nats"] == floors[model]["nats"]
+        assert row[f"summary/floor/{model}_bits_per_byte"] == floors[model]["bits_per_byte"]
+    assert not [key for key in summary_row({"floors": None, "steps": 1}) if "floor" in key]
+
+
+def test_inspect_data_reports_the_caches_floors(parquet_file, cache_root, tmp_path, capsys):
+    from helpers.configs import files_override
+
+    from pretrain.cli import main
+    from pretrain.config import load_config, to_config
+    from pretrain.data.cache import CacheSpec, max_token_id
+    from pretrain.data.prepare import prepare_cache
+    from pretrain.data.tokenizer import token_byte_lengths
+
+    overrides = ["source=local", files_override([parquet_file]), "split.validation_fraction=0.2"]
+    output = tmp_path / "stats.json"
+    assert main(["inspect-data", *overrides, f"output={output}"]) == 0
+    stats = json.loads(output.read_text())
+    # The same numbers as the floors of the cache's splits computed here (GPT-2's whole vocabulary).
+    spec = CacheSpec.from_config(to_config(load_config(overrides)))
+    cache = prepare_cache(spec)
+    files = spec.tokenizer_files
+    token_bytes = token_byte_lengths(files, max_token_id(files) + 1)
+    assert len(token_bytes) == 50257
+    expected = split_floors(cache.split("train"), cache.split("validation"), token_bytes)
+    assert stats["floors"] == expected
+    assert expected["validation_pairs"] == cache.counts()["validation"]["prediction_pairs"] > 0
+    assert expected["bigram"]["nats"] < expected["unigram"]["nats"] < math.log(50257)
+    table = capsys.readouterr().out
+    assert "floors.bigram.nats" in table and f"{expected['bigram']['lambda']:.4f}" in table
+    assert (spec.directory / FLOORS).is_file()
