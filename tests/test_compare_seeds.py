@@ -24,9 +24,9 @@ from pretrain.report.compare import arm_colors, compare, figure, find_runs, labe
 from pretrain.report.statistics import (
     detectable_effect,
     interpolate_at,
-    smooth,
     mean_curve,
     mean_points,
+    smooth,
     summarize,
 )
 
