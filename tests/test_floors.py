@@ -293,3 +293,32 @@ def test_inspect_data_reports_the_caches_floors(parquet_file, cache_root, tmp_pa
     table = capsys.readouterr().out
     assert "floors.bigram.nats" in table and f"{expected['bigram']['lambda']:.4f}" in table
     assert (spec.directory / FLOORS).is_file()
+
+
+def test_recorded_floors_are_read_without_computing_and_only_for_the_same_files(tmp_path):
+    from pretrain.data.floors import recorded_floors
+
+    directory = tmp_path / "cache"
+    cache = hand_cache(directory)
+    assert recorded_floors(cache) is None  # none stored yet: nothing is computed
+    assert not (directory / FLOORS).exists()
+    stored = cache_floors(cache, BYTES)
+    assert recorded_floors(cache) == stored
+    rebuilt = hand_cache(directory, validation=VALIDATION_DOCS[:2])  # other files: not these floors
+    assert recorded_floors(rebuilt) is None
+
+
+def test_compare_reads_the_caches_floors_for_a_run_json_without_them(tmp_path):
+    """A run from before floors (run.json without them): compare takes those stored beside its cache."""
+    from pretrain.report.compare import cache_floors_of
+    from pretrain.training.run_record import load_run
+
+    cache = hand_cache(tmp_path / "cache")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.csv").write_text("step,train/loss,train/tokens,val/loss\n1,3.0,100,3.1\n")
+    (run_dir / "run.json").write_text(json.dumps({"cache_dir": str(cache.directory)}))
+    run = load_run(run_dir)
+    assert run.floors == {} and cache_floors_of(run) == {}  # none stored: none invented
+    stored = cache_floors(cache, BYTES)
+    assert cache_floors_of(run) == stored

@@ -285,6 +285,21 @@ def _computed_from(cache: Cache, vocab: int, cap: int) -> dict:
     return {"key": cache.manifest.get("key"), "files": files, "vocab": vocab, "train_token_cap": cap}
 
 
+def recorded_floors(cache: Cache) -> dict | None:
+    """The floors stored for this cache's very files (by `cache_floors`, whatever vocabulary and cap
+    they were computed with), without computing any: what `pretrain compare` reads for a run whose
+    run.json predates floors. None when none are stored."""
+    path = floors_path(cache)
+    record = read_json(path) if path is not None and path.is_file() else None
+    if not record or record.get("version") != FLOORS_VERSION:
+        return None
+    source = _computed_from(cache, 0, 0)
+    computed_from = record.get("computed_from") or {}
+    if (computed_from.get("key"), computed_from.get("files")) != (source["key"], source["files"]):
+        return None
+    return {k: v for k, v in record.items() if k != "computed_from"}
+
+
 def _stored(path: Path | None, source: dict) -> dict | None:
     record = read_json(path) if path is not None else None
     if not record or record.get("version") != FLOORS_VERSION or record.get("computed_from") != source:

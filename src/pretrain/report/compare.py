@@ -192,6 +192,21 @@ def layout_statistics(run: Run, arms: list[tuple[str, dict[str, object]]] | None
         return {}
 
 
+def cache_floors_of(run: Run) -> dict:
+    """The floors of a run whose run.json has none (it predates them): those stored beside its cache
+    (`pretrain inspect-data` or any newer run on that cache computes them); {} when none are."""
+    from ..data.cache import Cache
+    from ..data.floors import recorded_floors
+
+    try:
+        cache_dir = Path(json.loads((run.path / "run.json").read_text())["cache_dir"])
+        # The manifest is only matched against floors.json's record of the files: read, not verified.
+        manifest = json.loads((cache_dir / "manifest.json").read_text())
+        return recorded_floors(Cache(directory=cache_dir, manifest=manifest)) or {}
+    except (OSError, KeyError, ValueError, TypeError, AttributeError):
+        return {}
+
+
 COLUMNS: tuple[str, ...] = ("run", "policy", "max_seq_len", "batch", "real tokens", "train loss")
 COLUMNS += ("val loss", "tokens/s", "padding waste", "pack util", "truncated pairs", "train seconds")
 COLUMNS += ("fragmented docs", "x-doc visible", "attn cost", "load per CPU")
@@ -622,6 +637,7 @@ def compare(
     reference_arm(arms, reference)  # an unknown --reference stops before the slow work
     for run in runs:  # a single run: what the other layouts would waste and truncate on its data
         run.layouts = layout_statistics(run, layout_arms() if len(runs) == 1 else None)
+        run.floors = run.floors or cache_floors_of(run)
     label_runs(arms)
     arms_table = arm_table(arms, reference, at_tokens, at_seconds, at_step, paired)
     plot(runs, output, arms, arms_table, timing)
