@@ -198,3 +198,71 @@ def test_a_run_whose_cache_is_gone_still_plots_without_layouts(runs, tmp_path):
 )
 def test_percent_labels_never_read_minus_zero(value, text):
     assert percent(value) == text
+
+
+def test_a_mixture_run_is_compared_with_every_layout_that_can_mix_on_its_mixed_epoch(tmp_path, make_cfg):
+    """A mixture's run.json names each component's cache (`cache_dirs`, no `cache_dir`): the layout
+    bars are those of its mixed epoch, as `inspect-data` computes them on the mixture."""
+    from pretrain.data.mixture import MixtureSpec
+    from pretrain.data.prepare import prepare_cache
+
+    second = tmp_path / "second.jsonl"
+    second.write_text(
+        "".join(
+            json.dumps({"text": f"Document {i} about rivers and their stones. " * (3 + i % 17)}) + "\n"
+            for i in range(60)
+        )
+    )
+    cfg = make_cfg(None, "data=bestfit", "data.max_seq_len=64", "train.batch_size=4")
+    OmegaConf.set_struct(cfg, False)  # as conf/mixture/<name>.yaml adds it
+    cfg = OmegaConf.merge(
+        cfg,
+        {
+            "mixture": {
+                "components": {
+                    "fixture": {"weight": 3, "source": OmegaConf.to_container(cfg.source)},
+                    "rivers": {
+                        "weight": 1,
+                        "max_repeat": 2,
+                        "source": {"kind": "local", "files": [str(second)]},
+                    },
+                }
+            }
+        },
+    )
+    spec = MixtureSpec.from_config(to_config(cfg))
+    caches = {c.name: prepare_cache(c.cache) for c in spec.components}
+    path = write_run(tmp_path / "mixture-run", cfg, tmp_path / "unused")
+    (path / "run.json").write_text(
+        json.dumps({"cache_dirs": {n: str(c.directory) for n, c in caches.items()}})
+    )
+    run = load_run(path)
+    run.layouts = layout_statistics(run, layout_arms())
+    arms = [
+        "bestfit",
+        *(arm for arm, _ in layout_arms() if arm != "bestfit" and not arm.startswith("prepacked")),
+    ]
+    assert list(run.layouts) == arms  # prepacked (one stream packed ahead of time) cannot mix
+    train, mixed = spec.mix([c.split("train") for c in caches.values()])
+    parts = [c.split("validation") for c in caches.values()]
+    validation, _ = spec.mix(parts)
+    for arm, overrides in (
+        ("bestfit", []),
+        ("padded", ["data=padded"]),
+        ("padded pad_to=longest", ["data=padded", "data.pad_to=longest"]),
+    ):
+        config = to_config(make_cfg(None, *overrides, "data.max_seq_len=64", "train.batch_size=4"))
+        settings = PolicySettings.from_config(config.data, config.train, config.seed)
+        expected = inspect_split(
+            settings, train, validation, audits=False, mixture=mixed, validation_parts=parts
+        )
+        assert run.layouts[arm]["prediction_pairs"] == expected["prediction_pairs"] == train.num_pairs
+        assert run.layouts[arm]["truncated_pairs"] == expected["truncated_pairs"]
+        assert run.layouts[arm]["padding_waste"] == pytest.approx(expected["padding_waste"], rel=1e-12)
+    assert run.layouts["padded"]["padding_waste"] > 0 and run.layouts["padded"]["truncated_pairs"] > 0
+    fig = figure([run])
+    waste = {ax.get_title().split("\n")[0]: ax for ax in fig.axes}[WASTE_TITLE]
+    labels = [tick.get_text() for tick in waste.get_yticklabels()]
+    assert labels == ["bestfit", *(f"{arm} (layout only)" for arm in arms[1:])]
+    assert _bar_texts(waste)[1] == percent(run.layouts["padded"]["padding_waste"])
+    plt.close(fig)

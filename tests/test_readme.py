@@ -108,3 +108,32 @@ def test_every_marked_readme_command_works_in_a_fresh_clone(tmp_path):
     assert "comparison: outputs/demo/" in proc.stdout
     assert (clone / "concat.json").is_file() and (clone / "eval.json").is_file()
     assert (clone / "my-gpt2" / "model.safetensors").is_file() and (clone / "mine.png").is_file()
+
+
+PACKING_FIGURES = re.compile(
+    r"At capacity (?P<capacity>\d+), K=(?P<bins>\d+) fills (?P<firstfit>[\d.]+) % of its slots on "
+    r"FineWeb-like lengths \(best fit from (?P<buffer>\d+) chunks: (?P<bestfit>[\d.]+) %, "
+    r"BFD (?P<bfd>[\d.]+) %"
+)
+
+
+def test_the_readme_packing_figures_are_the_packing_benchmarks():
+    """The fill figures the README quotes (first fit, best fit, BFD on the FineWeb-like lengths) are
+    bench/results/packing.json's, rounded as quoted: `make bench` is their source."""
+    import json
+
+    text = " ".join((REPO / "README.md").read_text().split())
+    match = PACKING_FIGURES.search(text)
+    assert match, "the README's first-fit/best-fit/BFD fill sentence"
+    result = json.loads((REPO / "bench" / "results" / "packing.json").read_text())
+    assert int(match["capacity"]) == result["settings"]["capacity"]
+    measured = result["datasets"]["synth"]["utilization"]  # lognormal(6, 1): the FineWeb-like lengths
+    for quoted, key in (
+        ("firstfit", f"firstfit_{match['bins']}"),
+        ("bestfit", f"bestfit_{match['buffer']}"),
+        ("bfd", "bfd"),
+    ):
+        decimals = len(match[quoted].partition(".")[2])
+        assert match[quoted] == f"{100 * measured[key]:.{decimals}f}", key
+    methods = {row["method"] for row in result["rows"] if row["data"] == "synth"}
+    assert {f"firstfit k={match['bins']}", f"bestfit b={match['buffer']}", "bfd (offline)"} <= methods

@@ -20,3 +20,39 @@ def run_positions(lengths) -> np.ndarray:
     return np.arange(int(bounds[-1]), dtype=np.int64) - np.repeat(
         bounds[:-1], np.asarray(lengths, dtype=np.int64)
     )
+
+
+# numpy 2.4's np.unique (and np.union1d, np.isin on top of it) finds distinct values through a hash
+# table: ~3 s for 3M int64 values on these CPUs, where a sort and one comparison pass take 0.03 s.
+# The helpers below give the same (ascending, distinct) results by sorting or merging.
+
+
+def _distinct(ascending: np.ndarray) -> np.ndarray:
+    """The distinct values of an ascending array, in one pass."""
+    if len(ascending) < 2:
+        return ascending.copy()
+    keep = np.empty(len(ascending), dtype=bool)
+    keep[0] = True
+    np.not_equal(ascending[1:], ascending[:-1], out=keep[1:])
+    return ascending[keep]
+
+
+def sorted_unique(values) -> np.ndarray:
+    """`np.unique(values)` (the distinct values, ascending) by one sort and one pass."""
+    return _distinct(np.sort(np.asarray(values).ravel()))
+
+
+def merge_unique(a, b) -> np.ndarray:
+    """`np.union1d(a, b)` of two ascending arrays in linear time: the stable sort of their
+    concatenation merges its two runs."""
+    return _distinct(np.sort(np.concatenate([np.asarray(a).ravel(), np.asarray(b).ravel()]), kind="stable"))
+
+
+def member_of_sorted(values, ascending) -> np.ndarray:
+    """`np.isin(values, ascending)` for an ascending array `ascending`: a binary search per value."""
+    values = np.asarray(values)
+    ascending = np.asarray(ascending)
+    if not len(ascending):
+        return np.zeros(values.shape, dtype=bool)
+    where = np.minimum(np.searchsorted(ascending, values), len(ascending) - 1)
+    return ascending[where] == values

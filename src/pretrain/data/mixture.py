@@ -400,7 +400,8 @@ def mixture_statistics(plan: MixturePlan, epoch_plan: EpochPlan, update_units: i
     for i, name in enumerate(mixture.names):
         mine = mixed.component == i
         documents = int(mixture.doc_bounds[i + 1] - mixture.doc_bounds[i])
-        used = len(np.unique(mixed.table.doc[mine]))
+        used = np.zeros(documents, dtype=bool)  # the documents its epoch uses (a mask: linear)
+        used[mixed.table.doc[mine] - int(mixture.doc_bounds[i])] = True
         deviation = np.abs(shares[:, i] - mixture.weights[i]) if len(shares) else np.zeros(1)
         out[name] = {
             "weight": mixture.weights[i],
@@ -410,7 +411,7 @@ def mixture_statistics(plan: MixturePlan, epoch_plan: EpochPlan, update_units: i
             "uses_per_epoch": float(tokens[i] / plan.available[i]),
             "max_repeat": mixture.max_repeat[i],
             "documents": documents,
-            "documents_used_per_epoch": used / documents if documents else 0.0,
+            "documents_used_per_epoch": int(used.sum()) / documents if documents else 0.0,
             "update_share_deviation_max": float(deviation.max()),
             "update_share_deviation_mean": float(deviation.mean()),
         }

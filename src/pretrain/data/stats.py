@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from ..arrays import run_positions
+from ..arrays import member_of_sorted, run_positions, sorted_unique
 from .audit import audit_plan
 from .evaluation import evaluation_batch_count, evaluation_chunks, validation_pairs
 from .mixture import Mixture, mixture_statistics
@@ -67,7 +67,7 @@ def _document_blocks(split: TokenSplit, window: int, block_tokens: int):
         ends, np.arange(block_tokens, int(ends[-1]) + block_tokens, block_tokens), side="left"
     )
     first = 0
-    for last in np.unique(np.minimum(cut + 1, len(docs))):
+    for last in sorted_unique(np.minimum(cut + 1, len(docs))):
         if last > first:
             yield docs[first:last], body[docs[first:last]]
             first = last
@@ -101,12 +101,13 @@ def leaked_documents(train: TokenSplit, validation: TokenSplit, window: int = LE
         return np.zeros(0, dtype=np.int64)
     val_hash = np.concatenate([h for h, _ in parts])
     val_doc = np.concatenate([d for _, d in parts])
-    unique = np.unique(val_hash)
+    # Sorts and binary searches (np.unique and np.isin hash: seconds at millions of values).
+    unique = sorted_unique(val_hash)
     found = np.zeros(len(unique), dtype=bool)
     for train_hash, _ in window_hashes(train, window):
-        found |= np.isin(unique, train_hash)
-    leaked = np.isin(val_hash, unique[found])
-    return np.unique(val_doc[leaked])
+        found |= member_of_sorted(unique, np.sort(train_hash))
+    leaked = member_of_sorted(val_hash, unique[found])
+    return sorted_unique(val_doc[leaked])  # val_doc ascends: one pass
 
 
 def _length_summary(lengths: np.ndarray) -> dict:

@@ -161,28 +161,51 @@ def _arm_data(run_data: Any, group: dict[str, object]) -> Any:
 def layout_statistics(run: Run, arms: list[tuple[str, dict[str, object]]] | None = None) -> dict[str, dict]:
     """Padding waste and truncated prediction pairs of the run's own layout and of `arms` (from
     `layout_arms`) on the run's train split at its max_seq_len, computed as `inspect-data` does (epoch
-    0, one rank; packs are built in memory, nothing is written). Empty when the run's cache is gone
+    0, one rank; packs are built in memory, nothing is written). A mixture run: on its mixed epoch
+    (its components' caches, run.json `cache_dirs`, mixed by its weights as inspect-data mixes them),
+    without the layouts that cannot lay out a mixture (prepacked). Empty when the run's cache is gone
     or its config cannot be read (said in one line: the figure then leaves those bars out)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from ..config import to_config, upgrade_run_config
     from ..data.cache import Cache, read_manifest
-    from ..data.policies import PolicySettings
+    from ..data.mixture import Mixture, mix_splits
+    from ..data.policies import PolicySettings, policy_class
     from ..data.stats import inspect_split
+    from ..data.tokens import TokenSplit
     from ..errors import PretrainError
 
+    def cache(directory: str) -> Cache:
+        return Cache(directory=Path(directory), manifest=read_manifest(Path(directory)))
+
     try:
-        cache_dir = Path(json.loads((run.path / "run.json").read_text())["cache_dir"])
+        record = json.loads((run.path / "run.json").read_text())
         config = to_config(OmegaConf.create(upgrade_run_config(run.config)))  # also an older run's
-        cache = Cache(directory=cache_dir, manifest=read_manifest(cache_dir))
-        train, validation = cache.split("train"), cache.split("validation")
+        mixed: Mixture | None = None
+        parts: list[TokenSplit] | None = None
+        if config.mixture is None:
+            one = cache(record["cache_dir"])
+            train, validation = one.split("train"), one.split("validation")
+        else:  # a mixture: its components' caches (run.json `cache_dirs`) mixed as its run mixed them
+            components = config.mixture.components
+            caches = [cache(record["cache_dirs"][name]) for name in components]
+            total = sum(float(c.weight) for c in components.values())
+            weights = [float(c.weight) / total for c in components.values()]
+            repeat = [int(c.max_repeat) for c in components.values()]
+            train, mixed = mix_splits([c.split("train") for c in caches], list(components), weights, repeat)
+            parts = [c.split("validation") for c in caches]
+            validation, _ = mix_splits(parts, list(components), weights, repeat)
         datas = {run.arm: config.data}
         datas |= {arm: _arm_data(config.data, group) for arm, group in arms or [] if arm != run.arm}
+        if mixed is not None:  # a layout fixed ahead of time (prepacked) cannot lay out a mixture
+            datas = {arm: data for arm, data in datas.items() if policy_class(data.policy).mixes}
         layouts = {}
         for arm, data in datas.items():
             settings = PolicySettings.from_config(data, config.train, config.seed)
-            stats = inspect_split(settings, train, validation, audits=False)
+            stats = inspect_split(
+                settings, train, validation, audits=False, mixture=mixed, validation_parts=parts
+            )
             layouts[arm] = {
                 key: stats[key] for key in ("padding_waste", "truncated_pairs", "prediction_pairs")
             }

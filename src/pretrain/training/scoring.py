@@ -116,8 +116,9 @@ def score_batches(
     positions: Iterable[np.ndarray] | None = None,
 ) -> ScoreSums:
     """The one scoring loop (training's val/loss and `pretrain eval`): the summed cross-entropy of
-    every counted target of `batches` and their count, float64 on `device` (each batch's sum is taken
-    in the model's dtype, then accumulated in float64). `positions`: per batch, the in-document
+    every counted target of `batches` and their count, float64 on `device` (every token's loss is
+    summed in float64, in total as in the buckets: the buckets' count-weighted mean is the loss to
+    float64 rounding). `positions`: per batch, the in-document
     position of each counted target in row order (data/evaluation.py's `evaluation_positions`),
     which splits the sums by position bucket. The model is scored in eval mode and left in the mode
     it was in."""
@@ -134,7 +135,7 @@ def score_batches(
         with torch.no_grad():
             for batch in batches:
                 losses = model.token_losses(batch.to(device))
-                nats += losses.sum().double()
+                nats += losses.double().sum()  # per token in float64, as the buckets are
                 targets += float(batch.num_targets)
                 if where is not None:
                     rows = _row_buckets(batch, next(where))
