@@ -451,6 +451,8 @@ class Config:
     """where caches live (env PRETRAIN_CACHE_ROOT overrides)"""
     ckpt_path: str | None = None
     """resume model, optimizer and sampler state from this checkpoint; auto = the run dir's newest valid"""
+    start_over: bool = False
+    """a new run where another run left checkpoints: delete them first (else refused; or resume it)"""
     output_dir: str | None = None
     """run directory outside @hydra.main (tests, notebooks); under Hydra its run dir is used"""
     record_batches: bool = False
@@ -475,6 +477,11 @@ class Config:
     def __post_init__(self) -> None:
         if _is_set(self.seed) and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
             raise ConfigError(f"seed={self.seed!r} must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
+        if self.start_over is True and self.ckpt_path is not None:
+            raise ConfigError(
+                f"start_over=true deletes the run directory's checkpoints, ckpt_path={self.ckpt_path} "
+                "resumes one: choose one of them"
+            )
         tokens, length = self.train.microbatch_tokens, self.data.max_seq_len
         if _is_set(tokens) and tokens is not None and _is_set(length) and tokens < length:
             raise ConfigError(

@@ -44,7 +44,7 @@ from .module import PretrainModule
 from .preemption import FINISHING, TRAINING, Interrupted, Signals, active, exit_code
 from .progress import StepProgressBar, progress_callbacks, warn_if_slow_on_cpu
 from .recorder import BatchRecorder
-from .rundir import RunLock, claimed_here
+from .rundir import RunLock, check_fresh_start, claimed_here, is_rank_zero, remove_checkpoints
 
 _NOISE = (
     "litlogger",
@@ -174,9 +174,7 @@ class RunSettings:
         return replace(self, config=replace(self.config, ckpt_path=found))
 
 
-def _is_rank_zero() -> bool:
-    """Before the Trainer exists: rank 0 by the launchers' environment (Lightning, torchrun, SLURM)."""
-    return all(os.environ.get(key, "0") == "0" for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID"))
+_is_rank_zero = is_rank_zero
 
 
 def _auto_checkpoint(output_dir: Path) -> str | None:
@@ -336,6 +334,8 @@ def _train(cfg: DictConfig | Config, callbacks, signals: Signals, plot_run: Plot
     lock = RunLock(output_dir).acquire() if _is_rank_zero() else None  # creates the directory
     try:
         try:
+            if lock is not None:
+                _start_over_if_asked(run.config, output_dir)
             for folder in (output_dir, output_dir / "checkpoints"):
                 remove_killed_writes(folder)  # of writers killed mid-write (a full disk, kill -9)
             run = run.resolve_auto()
@@ -349,6 +349,21 @@ def _train(cfg: DictConfig | Config, callbacks, signals: Signals, plot_run: Plot
     finally:
         if lock is not None:
             lock.release()
+
+
+def _start_over_if_asked(config: Config, output_dir: Path) -> None:
+    """A run that resumes nothing never mixes with another run's checkpoints: refused, or (start_over)
+    those are deleted first, in one line."""
+    check_fresh_start(output_dir, config.ckpt_path, config.start_over)
+    if config.start_over:
+        removed = remove_checkpoints(output_dir)
+        if removed:
+            print(
+                f"start_over=true: deleted {len(removed)} checkpoints of an earlier run in "
+                f"{output_dir / 'checkpoints'}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _trained(output_dir: Path) -> bool:
