@@ -3,6 +3,7 @@ value is one `error:` line with exit 2, nothing lost and no partial file."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
+from pretrain import cli, fileio
 from pretrain.config import load_config
 from pretrain.errors import ConfigError
 from pretrain.training.checkpoints import newest_valid_checkpoint
@@ -149,3 +151,127 @@ def test_the_lock_never_follows_a_symlink_and_a_directory_is_named_as_the_lock(t
     with pytest.raises(ConfigError, match=rf"the run lock {folder / LOCK_NAME} is a directory, not a lock"):
         RunLock(folder).acquire()
     RunLock(tmp_path / "plain").acquire().release()
+
+
+# --- item 3: inspect-data's and compare's outputs: checked before the work, written atomically ---
+
+DROP = "-dac_override,-dac_read_search,-fowner"
+SETPRIV = ["setpriv", f"--inh-caps={DROP}", f"--bounding-set={DROP}"]
+needs_setpriv = pytest.mark.skipif(
+    shutil.which("setpriv") is None, reason="setpriv (util-linux) drops root's capabilities"
+)
+
+
+class _FullDisk:
+    """A file handle on a disk that fills after the first byte."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def write(self, data):
+        self._handle.write(data[:1])
+        self._handle.flush()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._handle.close()
+
+
+def _fill_the_disk(monkeypatch) -> None:
+    """Every write through pretrain.fileio (atomic writes) meets a full disk."""
+    real = open
+
+    def opening(path, mode="r", *args, **kwargs):
+        handle = real(path, mode, *args, **kwargs)
+        return _FullDisk(handle) if "w" in mode else handle
+
+    monkeypatch.setattr(fileio, "open", opening, raising=False)
+
+
+def _one_error_line(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_inspect_data_output_is_checked_first_and_a_full_disk_leaves_nothing(
+    tmp_path, saved_run, capsys, monkeypatch
+):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (tmp_path / "a-file").write_text("x")
+    inspect = ["inspect-data", *SMALL]
+    cases = {
+        str(
+            folder
+        ): f"error: output={folder} is a directory: give a file name, e.g. output={folder}/stats.json",
+        str(tmp_path / "a-file" / "s.json"): f"error: output={tmp_path / 'a-file' / 's.json'}: "
+        f"{tmp_path / 'a-file'} is a file, not a folder; pick another output=FILE",
+    }
+    for output, says in cases.items():
+        assert _one_error_line(capsys, [*inspect, f"output={output}"]) == says
+    _fill_the_disk(monkeypatch)
+    line = _one_error_line(capsys, [*inspect, f"output={folder / 'stats.json'}"])
+    assert line.startswith(f"error: could not write {folder / 'stats.json'}: No space left on device")
+    assert list(folder.iterdir()) == []  # no 0-byte stats.json, no temporary
+
+
+def test_compare_output_is_checked_first_and_a_full_disk_leaves_nothing(
+    tmp_path, saved_run, capsys, monkeypatch
+):
+    run = _copy(saved_run, tmp_path / "run")
+    before = sorted(p.name for p in run.iterdir())
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "plots.png").mkdir()
+    says = {
+        str(tmp_path / "plots.png"): f"error: --output {tmp_path / 'plots.png'} is a directory",
+        str(tmp_path / "a-file" / "c.png"): f"error: --output {tmp_path / 'a-file' / 'c.png'}: "
+        f"{tmp_path / 'a-file'} is a file, not a folder; pick another --output FILE.png",
+    }
+    for output, start in says.items():
+        assert _one_error_line(capsys, ["compare", str(run), "--output", output]).startswith(start)
+    _fill_the_disk(monkeypatch)
+    line = _one_error_line(capsys, ["compare", str(run)])
+    assert line.startswith("error: compare: ") and "No space left on device" in line, line
+    assert sorted(p.name for p in run.iterdir()) == before  # no compare.png, no .md, no temporary
+
+
+@needs_setpriv
+def test_read_only_outputs_of_inspect_data_and_compare_are_one_line(tmp_path, saved_run):
+    run = _copy(saved_run, tmp_path / "run")
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    for folder in (read_only, run):
+        folder.chmod(0o555)
+    pretrain = [sys.executable, "-m", "pretrain.cli"]
+    cases = {
+        (*pretrain, "inspect-data", *SMALL, f"output={read_only / 's.json'}"): (
+            f"error: output={read_only / 's.json'}: {read_only} is not writable; pick another output=FILE"
+        ),
+        (*pretrain, "compare", str(run), "--output", str(read_only / "c.png")): (
+            f"error: --output {read_only / 'c.png'}: {read_only} is not writable; pick another --output"
+        ),
+        (*pretrain, "compare", str(run)): (
+            f"error: --output {run / 'compare.png'} (the default): {run} is not writable; pick another"
+        ),
+    }
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    try:
+        for args, says in cases.items():
+            proc = subprocess.run(
+                [*SETPRIV, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+            )
+            lines = proc.stderr.strip().splitlines()
+            assert proc.returncode == 2, proc.stderr[-2000:]
+            assert len(lines) == 1 and lines[0].startswith(says), lines
+    finally:
+        run.chmod(0o755)
+    assert list(read_only.iterdir()) == [] and not (run / "compare.png").exists()
