@@ -275,3 +275,28 @@ def test_read_only_outputs_of_inspect_data_and_compare_are_one_line(tmp_path, sa
     finally:
         run.chmod(0o755)
     assert list(read_only.iterdir()) == [] and not (run / "compare.png").exists()
+
+
+# --- item 4: export on a full disk, as safetensors reports it ---------------------------------------
+
+
+def test_export_when_safetensors_meets_a_full_disk_is_one_line(tmp_path, saved_run, capsys, monkeypatch):
+    pytest.importorskip("transformers")
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def full(*args, **kwargs):  # what safetensors raises itself: not an OSError
+        raise SafetensorError(
+            'Error while serializing: I/O error: No space left on device (os error 28) at path "x"'
+        )
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    target = tmp_path / "hf"
+    line = _one_error_line(
+        capsys, ["export", str(saved_run / "checkpoints" / "last.ckpt"), "--output", str(target)]
+    )
+    assert line == (
+        f"error: could not write the export to {target}: No space left on device; free disk space or "
+        "pick another --output (nothing was left behind)"
+    )
+    assert list(tmp_path.iterdir()) == []
