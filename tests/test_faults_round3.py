@@ -300,3 +300,18 @@ def test_export_when_safetensors_meets_a_full_disk_is_one_line(tmp_path, saved_r
         "pick another --output (nothing was left behind)"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+# --- item 5: compare on a run whose config.yaml is malformed ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "says"), [("data: [unclosed\n", "is not valid YAML at line 2"), ("- 1\n", "holds no config")]
+)
+def test_compare_names_a_malformed_config_yaml_in_one_line(tmp_path, saved_run, capsys, text, says):
+    run = _copy(saved_run, tmp_path / "run")
+    (run / "config.yaml").write_text(text)
+    line = _one_error_line(capsys, ["compare", str(run)])
+    assert line.startswith(f"error: {run / 'config.yaml'} {says}"), line
+    assert line.endswith(f"or leave {run} out of the comparison")
+    assert not (run / "compare.png").exists()
