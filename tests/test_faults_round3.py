@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import cli, fileio
 from pretrain.config import load_config
-from pretrain.errors import ConfigError
+from pretrain.errors import CheckpointError, ConfigError
 from pretrain.training.checkpoints import newest_valid_checkpoint
 from pretrain.training.run import train
 from pretrain.training.rundir import LOCK_NAME, RunLock
@@ -315,3 +316,27 @@ def test_compare_names_a_malformed_config_yaml_in_one_line(tmp_path, saved_run, 
     assert line.startswith(f"error: {run / 'config.yaml'} {says}"), line
     assert line.endswith(f"or leave {run} out of the comparison")
     assert not (run / "compare.png").exists()
+
+
+# --- item 7: a checkpoint whose weights do not fit its own settings ----------------------------------
+
+
+def test_a_checkpoint_with_a_tensor_of_another_shape_is_one_line_in_training_and_eval(
+    tmp_path, saved_run, capsys
+):
+    import torch
+
+    from pretrain.training.checkpoints import save_verified
+
+    checkpoint = torch.load(saved_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    name = next(k for k in checkpoint["state_dict"] if k.endswith("ln_f.weight"))
+    checkpoint["state_dict"][name] = torch.ones(48)  # d_model is 32: same settings, another shape
+    bad = tmp_path / "bad.ckpt"
+    save_verified(checkpoint, bad)  # with its record: it passes verification and weights_only
+    says = rf"tensor {name.removeprefix('model.')} has shape \(48,\), the model needs \(32,\)"
+    out = tmp_path / "run"
+    with pytest.raises(CheckpointError, match=rf"ckpt_path={bad}: {says}"):
+        train(compose(out, f"ckpt_path={bad}", "train.max_steps=4"))
+    assert not out.exists()
+    line = _one_error_line(capsys, ["eval", str(bad)])
+    assert re.match(rf"error: {bad}: {says}", line), line

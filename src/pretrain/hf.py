@@ -76,6 +76,26 @@ def model_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
     }
 
 
+def check_weight_shapes(weights: dict[str, torch.Tensor], model: GPTConfig, where: str) -> None:
+    """The checkpoint's weights fit `model` tensor by tensor (a file whose settings match can still hold
+    another shape): refused in one line naming the tensor and both shapes, not a load_state_dict
+    traceback. The model is built on the meta device (no memory)."""
+    with torch.device("meta"):
+        expected = GPT(model, attn="sdpa").state_dict()
+    for name, tensor in expected.items():
+        have = weights.get(name)
+        if have is None:
+            raise CheckpointError(
+                f"{where} has no tensor {name}, which the model needs: it is not this model's"
+            )
+        if tuple(have.shape) != tuple(tensor.shape):
+            raise CheckpointError(
+                f"{where}: tensor {name} has shape {tuple(have.shape)}, the model needs "
+                f"{tuple(tensor.shape)}: the file does not fit its own model settings (altered, or saved by "
+                "another model)"
+            )
+
+
 def gpt2_config(model: GPTConfig) -> dict:
     """transformers' GPT2Config fields for `model`; options GPT-2 has no equivalent for are refused."""
     if not model.bias:
