@@ -16,7 +16,7 @@ import pytest
 from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import cli, fileio
-from pretrain.config import load_config
+from pretrain.config import load_config, to_config
 from pretrain.errors import CheckpointError, ConfigError
 from pretrain.training.checkpoints import newest_valid_checkpoint
 from pretrain.training.run import train
@@ -340,3 +340,65 @@ def test_a_checkpoint_with_a_tensor_of_another_shape_is_one_line_in_training_and
     assert not out.exists()
     line = _one_error_line(capsys, ["eval", str(bad)])
     assert re.match(rf"error: {bad}: {says}", line), line
+
+
+# --- item 8: values that passed the range checks ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("weight", "says"), [("inf", "must be a finite number > 0, got inf"), ("nan", "must be > 0, got nan")]
+)
+def test_an_infinite_or_nan_mixture_weight_is_refused(weight, says):
+    with pytest.raises(ConfigError) as error:
+        to_config(load_config(["mixture=pydocs_repo", f"mixture.components.pydocs.weight={weight}"]))
+    assert str(error.value) == f"mixture.components.pydocs.weight {says}"
+
+
+def test_a_huge_open_bins_is_capped_at_the_number_of_chunks():
+    import numpy as np
+
+    from pretrain.data.packing import first_fit_online
+
+    lengths = np.array([5, 9, 3, 7, 12, 2], dtype=np.int32)
+    capped = first_fit_online(lengths, 16, 10**9)  # would allocate four arrays of 10**9
+    for got, want in zip(capped, first_fit_online(lengths, 16, len(lengths)), strict=True):
+        assert np.array_equal(got, want)
+    order = np.array([4, 0, 2], dtype=np.int64)
+    items, _ = first_fit_online(lengths, 16, 10**9, order=order)
+    assert sorted(items.tolist()) == [0, 2, 4]
+
+
+def _mixed_sampler(small_tokens: int, batch_size: int, caplog):
+    import numpy as np
+    from helpers import policy_cfg
+
+    from pretrain.data.mixture import mix_splits
+    from pretrain.data.samplers import build_sampler
+    from pretrain.data.tokens import TokenSplit
+
+    big = TokenSplit.from_lengths(np.full(200, 40), seed=1)
+    small = TokenSplit.from_lengths(np.array([small_tokens]), seed=2)
+    split, mixture = mix_splits([big, small], ("web", "tiny"), (0.5, 0.5), (1, 1))
+    settings = policy_cfg("bestfit", "data.max_seq_len=32", f"train.batch_size={batch_size}")
+    with caplog.at_level("WARNING", logger="pretrain.data.mixture"):
+        return build_sampler(settings, split, mixture=mixture)
+
+
+def test_a_component_too_small_for_one_batch_is_named_and_a_tiny_mixed_epoch_warns(caplog):
+    from types import SimpleNamespace
+
+    from pretrain.training.run import EpochFits
+
+    sampler = _mixed_sampler(5, 4, caplog)
+    warned = [r.getMessage() for r in caplog.records if r.name == "pretrain.data.mixture"]
+    assert len(warned) == 1 and warned[0].startswith("the mixed epoch is only ")
+    assert "mixture component 'tiny' limits it (" in warned[0]
+    trainer = SimpleNamespace(datamodule=SimpleNamespace(train_sampler=sampler), world_size=1)
+    with pytest.raises(ConfigError) as error:
+        EpochFits().on_train_start(trainer, None)  # type: ignore[arg-type]
+    message = str(error.value)
+    assert message.startswith("the mixed epoch has ") and "less than train.batch_size=4" in message
+    assert "mixture component 'tiny' limits it" in message and "raise that component's budget" in message
+    caplog.clear()
+    _mixed_sampler(4000, 1, caplog)  # a component of 4,000 tokens: no warning
+    assert not [r for r in caplog.records if r.name == "pretrain.data.mixture"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -200,6 +201,8 @@ class MixtureConfig:
             if not _is_set(weight) or isinstance(weight, bool) or not weight > 0:
                 shown = f"{weight:g}" if isinstance(weight, int | float) else repr(weight)
                 raise ConfigError(f"{key}.weight must be > 0, got {shown}")
+            if not math.isfinite(weight):  # inf > 0: the shares would be inf/inf (arbitrary)
+                raise ConfigError(f"{key}.weight must be a finite number > 0, got {weight:g}")
             repeat = component.max_repeat
             if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
                 raise ConfigError(f"{key}.max_repeat must be an integer >= 1, got {repeat!r}")

@@ -314,10 +314,26 @@ class MixturePlan:
         limits = repeat * self.available / weights
         self.epoch_tokens = float(limits.min())  # T
         limiting = int(np.argmin(limits))
+        self.limiting = limiting
         shares = np.rint(weights * self.epoch_tokens).astype(np.int64)
         shares[limiting] = int(mixture.max_repeat[limiting]) * int(self.available[limiting])  # exact
         self.shares = np.maximum(shares, 1)
         self._epochs: dict[int, MixedEpoch] = {}
+        if self.epoch_tokens < table.max_seq_len:  # less than one full context: a degenerate epoch
+            log.warning(
+                f"the mixed epoch is only {self.epoch_tokens:,.0f} real tokens, less than one "
+                f"data.max_seq_len={table.max_seq_len}: {self.limit()}; raise its budget or max_repeat, "
+                "or lower its weight"
+            )
+
+    def limit(self) -> str:
+        """Which component bounds the epoch and why (its tokens x max_repeat / weight)."""
+        i = self.limiting
+        name, weight = self.mixture.names[i], float(self.mixture.weights[i])
+        return (
+            f"mixture component {name!r} limits it ({int(self.available[i]):,} trained tokens x "
+            f"max_repeat {int(self.mixture.max_repeat[i])} / weight {weight:.3g})"
+        )
 
     def uses_per_epoch(self) -> np.ndarray:
         """Times each component's tokens are used per epoch on average (share / available)."""

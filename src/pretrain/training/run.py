@@ -298,6 +298,13 @@ class EpochFits(L.Callback):
         if sampler.batch_size * trainer.world_size > units:
             kind = sampler.policy.unit_name  # the policy's own word for a unit (rows, packs)
             ranks = f" x {trainer.world_size} ranks" if trainer.world_size > 1 else ""
+            plan = getattr(sampler, "mixture_plan", None)
+            if plan is not None:  # the epoch is as long as the smallest component allows: name it
+                raise ConfigError(
+                    f"the mixed epoch has {units:,} {kind}, less than train.batch_size="
+                    f"{sampler.batch_size}{ranks}: {plan.limit()}; raise that component's budget or "
+                    "max_repeat, or lower its weight"
+                )
             raise ConfigError(
                 f"train.batch_size={sampler.batch_size}{ranks} is more than an epoch of the train split, "
                 f"which has {units:,} {kind}: set train.batch_size<={max(1, units // trainer.world_size)} "
