@@ -402,3 +402,25 @@ def test_a_component_too_small_for_one_batch_is_named_and_a_tiny_mixed_epoch_war
     caplog.clear()
     _mixed_sampler(4000, 1, caplog)  # a component of 4,000 tokens: no warning
     assert not [r for r in caplog.records if r.name == "pretrain.data.mixture"]
+
+
+# --- item 11: the default warmup fits a short run; a warmup the user sets is checked as given -------
+
+
+def test_a_short_run_scales_the_default_warmup_down_in_one_line_and_refuses_an_explicit_one(
+    capsys, monkeypatch
+):
+    from pretrain import config as schema
+
+    monkeypatch.setattr(schema, "_SAID", set())
+    config = to_config(load_config(["train.max_steps=8"]))
+    to_config(load_config(["train.max_steps=8"]))  # typed again (train.py, then the run): said once
+    assert config.train.warmup_steps is None and config.train.warmup == 0
+    assert capsys.readouterr().err == (
+        "train.warmup_steps: the default 20 is more than train.max_steps=8; warming up for 0 updates "
+        "instead (set train.warmup_steps to choose)\n"
+    )
+    assert to_config(load_config(["train.max_steps=50"])).train.warmup == 20
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ConfigError, match=r"train\.warmup_steps=20 must be <= train\.max_steps=8"):
+        to_config(load_config(["train.max_steps=8", "train.warmup_steps=20"]))

@@ -20,6 +20,7 @@ import inspect
 import json
 import math
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
@@ -340,6 +341,31 @@ class LoggerConfig:
             raise ConfigError(f"logger.mode={self.mode!r} must be online, offline, disabled or null")
 
 
+DEFAULT_WARMUP_STEPS = 20
+_SAID: set[str] = set()
+
+
+def _say_once(text: str) -> None:
+    """A note about the config, once per process (the config is typed more than once) and on rank 0."""
+    if text in _SAID or any(os.environ.get(k, "0") != "0" for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID")):
+        return
+    _SAID.add(text)
+    print(text, file=sys.stderr, flush=True)
+
+
+def default_warmup(max_steps: int) -> int:
+    """train.warmup_steps left unset: 20 updates, scaled down to a tenth of a shorter run (a default
+    must not refuse `train.max_steps=8`; a warmup the user sets is checked as given)."""
+    if DEFAULT_WARMUP_STEPS <= max_steps:
+        return DEFAULT_WARMUP_STEPS
+    scaled = max_steps // 10
+    _say_once(
+        f"train.warmup_steps: the default {DEFAULT_WARMUP_STEPS} is more than train.max_steps={max_steps}; "
+        f"warming up for {scaled} updates instead (set train.warmup_steps to choose)"
+    )
+    return scaled
+
+
 @dataclass
 class TrainConfig:
     batch_size: int | None = 4
@@ -360,8 +386,9 @@ class TrainConfig:
     policy, so runs compare at equal real tokens; null = train.max_steps alone decides"""
     lr: float = 3.0e-3
     """peak learning rate (AdamW)"""
-    warmup_steps: int = 20
-    """linear warmup updates, then cosine decay to min_lr_ratio x lr at max_steps"""
+    warmup_steps: int | None = None
+    """linear warmup updates, then cosine decay to min_lr_ratio x lr at max_steps; null = 20, or
+    max_steps // 10 for a run shorter than that (said in one line)"""
     min_lr_ratio: float = 0.1
     """final learning rate / peak learning rate"""
     weight_decay: float = 0.1
@@ -393,6 +420,8 @@ class TrainConfig:
         ):
             _at_least(f"train.{key}", getattr(self, key), 1)
         _at_least("train.warmup_steps", self.warmup_steps, 0)
+        if self.warmup_steps is None and _is_set(self.max_steps):
+            default_warmup(self.max_steps)  # says so when it scales down (the field stays null)
         _at_least("train.max_tokens", self.max_tokens, 1)  # null: no token budget
         self._check_batching()
         if _is_set(self.lr) and not self.lr > 0:
@@ -401,7 +430,8 @@ class TrainConfig:
         _at_least("train.weight_decay", self.weight_decay, 0.0)
         if _is_set(self.grad_clip) and self.grad_clip is not None and not self.grad_clip > 0:
             raise ConfigError(f"train.grad_clip={self.grad_clip!r} must be > 0, or null for no clipping")
-        if _is_set(self.warmup_steps) and _is_set(self.max_steps) and self.warmup_steps > self.max_steps:
+        warmup = self.warmup_steps
+        if warmup is not None and _is_set(warmup) and _is_set(self.max_steps) and warmup > self.max_steps:
             raise ConfigError(
                 f"train.warmup_steps={self.warmup_steps} must be <= train.max_steps={self.max_steps} "
                 "(the learning rate would never reach its peak)"
@@ -409,6 +439,11 @@ class TrainConfig:
         betas = self.betas
         if _is_set(betas) and (len(betas) != 2 or not all(_is_set(b) and 0.0 <= b < 1.0 for b in betas)):
             raise ConfigError(f"train.betas={list(betas)!r} must be two numbers in [0, 1), e.g. [0.9,0.95]")
+
+    @property
+    def warmup(self) -> int:
+        """The warmup the schedule uses: train.warmup_steps, or its default for this run's length."""
+        return self.warmup_steps if self.warmup_steps is not None else default_warmup(self.max_steps)
 
     def _check_batching(self) -> None:
         """How microbatches are sized (the data path's knobs of this group), checked once here."""
