@@ -424,3 +424,43 @@ def test_a_short_run_scales_the_default_warmup_down_in_one_line_and_refuses_an_e
     assert capsys.readouterr().err == ""
     with pytest.raises(ConfigError, match=r"train\.warmup_steps=20 must be <= train\.max_steps=8"):
         to_config(load_config(["train.max_steps=8", "train.warmup_steps=20"]))
+
+
+# --- item 9: keys outside the schema, added with `+` or not, are refused with the keys that exist ---
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (
+            ["data=padded", "+data.document_mask=false"],
+            "data.document_mask: no such key; data=padded has: policy, max_seq_len, long_docs, pad_to",
+        ),
+        (
+            ["data=bestfit", "+data.open_bins=1"],
+            "data.open_bins: no such key; data=bestfit has: policy, "
+            "max_seq_len, long_docs, packing_buffer, document_mask",
+        ),
+        (["+train.learning_rate=0.5"], "train.learning_rate: no such key; train has: batch_size, "),
+        (["+foo=bar"], "foo: no such key; the config's root has: experiment_name, seed, "),
+        (
+            ["mixture=pydocs_repo", "+mixture.components.repo.wieght=1"],
+            "mixture.components.repo.wieght: no such key; mixture.components.repo has: weight, max_repeat,",
+        ),
+        (["train.learning_rate=0.5"], "Could not override 'train.learning_rate': no such key; train has: "),
+    ],
+)
+def test_a_key_the_schema_does_not_hold_is_refused_at_composition(overrides, says):
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides)
+    assert str(error.value).startswith(says), str(error.value)
+    assert "+" not in str(error.value)  # Hydra's hint to append it is not repeated
+
+
+def test_train_py_refuses_an_added_key_before_any_directory(tmp_path):
+    run = tmp_path / "run"
+    proc = _train_py(f"hydra.run.dir={run}", "+train.learning_rate=0.5")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("error: train.learning_rate: no such key; train has: ")
+    assert not run.exists()

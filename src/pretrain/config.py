@@ -20,13 +20,15 @@ import inspect
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
+from hydra.errors import ConfigCompositionException as ConfigCompositionError
 from omegaconf import II, MISSING, DictConfig, ListConfig, OmegaConf
 
 # The data group's schema lives with its policies (data/policies/: one config dataclass per policy);
@@ -617,12 +619,94 @@ def config_dir() -> Path:
 
 
 def load_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """The same config `python train.py overrides...` would see."""
+    """The same config `python train.py overrides...` would see. A key the schema does not hold is
+    refused here, naming the keys that exist: added with `+` (which Hydra accepts and the schema would
+    silently drop) or not (Hydra's "could not override", which would suggest `+`)."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
 
     register_schema()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="pretrain"):
-        return compose(config_name=CONFIG_NAME, overrides=list(overrides))
+        try:
+            cfg = compose(config_name=CONFIG_NAME, overrides=list(overrides))
+        except ConfigCompositionException as error:
+            refused = _HYDRA_UNKNOWN.match(str(error))
+            if refused is None or "not in" not in str(error.__cause__ or ""):
+                raise
+            key = refused.group(1)
+            # The group's schema as composed without that override (the data group: its policy's).
+            rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key]
+            try:
+                data = _data_schema(compose(config_name=CONFIG_NAME, overrides=rest))
+            except Exception:
+                data = DataConfig
+            raise UnknownKeyError(f"Could not override '{key}': {_no_such_key(key, Config, data)}") from None
+    check_known_keys(cfg)
+    return cfg
+
+
+class UnknownKeyError(ConfigError, ConfigCompositionError):
+    """A key the schema does not hold (still a Hydra composition error for code that catches those)."""
+
+
+_HYDRA_UNKNOWN = re.compile(r"Could not override '([^']+)'")
+
+
+def _dataclass_of(hint: Any) -> type | None:
+    """The dataclass a field's type names (`X`, `X | None`), else None."""
+    if isinstance(hint, type) and is_dataclass(hint):
+        return hint
+    for arg in get_args(hint):
+        if isinstance(arg, type) and is_dataclass(arg):
+            return arg
+    return None
+
+
+def _no_such_key(key: str, root: type, data: type[DataConfig] = DataConfig) -> str:
+    """`no such key; <group> has: a, b, ...` for a dotted `key` under the schema `root`."""
+    *parents, _ = key.split(".")
+    cls: type | None = root
+    i = 0
+    while cls is not None and i < len(parents):
+        hint = get_type_hints(cls).get(parents[i])
+        if get_origin(hint) is dict:  # mixture.components.<name>: skip the name, then its dataclass
+            cls, i = _dataclass_of(get_args(hint)[1]), i + 2
+            continue
+        cls, i = (data if hint is DataConfig else _dataclass_of(hint)), i + 1
+    if cls is None or i > len(parents):
+        return "no such key"
+    where = ".".join(parents) or "the config's root"
+    if cls is data and data is not DataConfig:
+        where = f"data={data.for_policy}"
+    return f"no such key; {where} has: {', '.join(f.name for f in fields(cls))}"
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every key of the composed config is one its schema holds (the data group: the chosen policy's)."""
+    data = _data_schema(cfg)
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(tree, dict)
+
+    def walk(node: dict, cls: type, prefix: str) -> None:
+        hints = get_type_hints(cls)
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if key not in hints:
+                raise UnknownKeyError(f"{path}: {_no_such_key(path, Config, data)}")
+            hint = hints[key]
+            if not isinstance(value, dict):
+                continue
+            if get_origin(hint) is dict:  # name -> dataclass (mixture.components)
+                item = _dataclass_of(get_args(hint)[1])
+                for name, entry in value.items():
+                    if item is not None and isinstance(entry, dict):
+                        walk(entry, item, f"{path}.{name}.")
+                continue
+            child = data if hint is DataConfig else _dataclass_of(hint)
+            if child is not None:
+                walk(value, child, f"{path}.")
+
+    walk(tree, Config, "")
 
 
 def to_config(cfg: DictConfig | Config) -> Config:

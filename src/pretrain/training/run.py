@@ -27,7 +27,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from ..config import Config, to_config
+from ..config import Config, check_known_keys, to_config
 from ..data.audit import composition_audit
 from ..data.cache import CacheSpec
 from ..data.mixture import MixtureSpec
@@ -120,6 +120,8 @@ class RunSettings:
 
     @classmethod
     def from_config(cls, cfg: DictConfig | Config) -> RunSettings:
+        if isinstance(cfg, DictConfig):  # a multirun job's too (train.py checks a single run's first)
+            check_known_keys(cfg)
         config = to_config(cfg)
         policy = PolicySettings.from_config(config.data, config.train, config.seed)
         backend = attention_backend(config.attn, config.trainer)
