@@ -13,12 +13,14 @@ def check_overrides(argv: list[str]) -> None:
     if any(arg.startswith("-") for arg in argv):
         return
     from pretrain.config import load_config, to_config
+    from pretrain.data.mixture import check_sources
     from pretrain.errors import exit_on_user_error
 
     with exit_on_user_error():
         config = to_config(load_config(argv))
         directory = check_run_dir(argv)
         check_device(config)
+        check_sources(config)  # a mixture's policy and every source's keys (nothing hashed)
         if directory is not None:
             lock_run_dir(directory, config)
 

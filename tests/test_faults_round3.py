@@ -464,3 +464,22 @@ def test_train_py_refuses_an_added_key_before_any_directory(tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("error: train.learning_rate: no such key; train has: ")
     assert not run.exists()
+
+
+# --- item 10: a mixture's policy and its components' sources are refused before any directory ------
+
+
+def test_train_py_refuses_a_mixture_it_cannot_run_before_making_the_run_directory(tmp_path):
+    cases = {
+        "data=prepacked": "error: data=prepacked packs one fixed token stream ahead of time",
+        "mixture.components.pydocs.source.kind=fineweb": (
+            "error: mixture.components.pydocs.source: source=fineweb needs source.path, "
+        ),
+    }
+    for override, says in cases.items():
+        run = tmp_path / override.split("=")[0]
+        proc = _train_py(f"hydra.run.dir={run}", "mixture=pydocs_repo", override)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert len(lines) == 1 and lines[0].startswith(says), lines
+        assert not run.exists()

@@ -135,12 +135,33 @@ class MixtureSpec:
 
     def check_policy(self, policy: str) -> None:
         """A policy whose layout is one stream fixed ahead of time cannot lay out a mixture's epochs."""
-        if not policy_class(policy).mixes:
-            able = ", ".join(str(name) for name, cls in REGISTRY.items() if cls.mixes)
-            raise ConfigError(
-                f"data={policy} packs one fixed token stream ahead of time, a mixture plans its chunks per "
-                f"epoch: use data={able} with mixture=..."
-            )
+        check_mixable(policy)
+
+
+def check_sources(config: Config) -> None:
+    """The run's sources and, with a mixture, its policy, checked from the config alone (no file is
+    hashed, nothing built): what train.py refuses before Hydra makes the run directory."""
+    from .sources import source_from_config
+
+    if config.mixture is None:
+        source_from_config(config.source)
+        return
+    check_mixable(str(config.data.policy))
+    for name, component in config.mixture.components.items():
+        try:
+            source_from_config(component.source)
+        except PretrainError as error:  # the source kind's own check, named by the component
+            raise type(error)(f"mixture.components.{name}.source: {error}") from None
+
+
+def check_mixable(policy: str) -> None:
+    """A policy whose layout is one stream fixed ahead of time cannot lay out a mixture's epochs."""
+    if not policy_class(policy).mixes:
+        able = ", ".join(str(name) for name, cls in REGISTRY.items() if cls.mixes)
+        raise ConfigError(
+            f"data={policy} packs one fixed token stream ahead of time, a mixture plans its chunks per "
+            f"epoch: use data={able} with mixture=..."
+        )
 
 
 # --- the components' splits read as one ------------------------------------------------------------
