@@ -79,7 +79,37 @@ def check_run_dir(argv: list[str]):
             f"cannot create the run directory {target}: {existing} is not a writable folder; "
             "run elsewhere with hydra.run.dir=DIR"
         )
+    failed = _cannot_write_in(existing)  # root passes os.access on /sys; a full disk passes it too
+    if failed is not None:
+        import errno
+
+        free = "free disk space or " if failed.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        raise WriteError(
+            f"cannot create the run directory {target}: cannot write in {existing} "
+            f"({failed.strerror or failed}); {free}run elsewhere with hydra.run.dir=DIR"
+        )
     return known
+
+
+def _cannot_write_in(folder) -> OSError | None:
+    """The error a file of Hydra's config's size meets in `folder` (None: it can be written): tried,
+    then removed, so a full disk or a pseudo file system is one line here, not Hydra's traceback."""
+    import os
+
+    probe = folder / f".write-test-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as error:
+        return error
+    try:
+        os.write(fd, b"\0" * 16384)
+        os.fsync(fd)
+    except OSError as error:
+        return error
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+    return None
 
 
 def run() -> None:

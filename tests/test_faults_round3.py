@@ -483,3 +483,45 @@ def test_train_py_refuses_a_mixture_it_cannot_run_before_making_the_run_director
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert len(lines) == 1 and lines[0].startswith(says), lines
         assert not run.exists()
+
+
+# --- item 6: a run directory that cannot be written even as root, or on a disk already full -------
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs filled to the last byte (skipped where it cannot be mounted)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True
+    ).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_train_py_on_a_full_disk_or_under_sys_is_one_line_and_leaves_nothing(tmp_path, full_disk):
+    cases = {
+        full_disk / "run": f"error: cannot create the run directory {full_disk / 'run'}: cannot write in "
+        f"{full_disk} (No space left on device); free disk space or run elsewhere",
+        Path("/sys/pretrain-test-run"): "error: cannot create the run directory /sys/pretrain-test-run: "
+        "cannot write in /sys (",
+    }
+    for run, says in cases.items():
+        proc = _train_py(f"hydra.run.dir={run}")
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert len(lines) == 1 and lines[0].startswith(says), lines
+        assert not run.exists()
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]  # no probe left behind

@@ -177,10 +177,17 @@ class RunLock:
                 "each other's checkpoints and metrics; wait for it to end, or run elsewhere "
                 "(hydra.run.dir=... or output_dir=...)"
             ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        handle.flush()
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+            handle.flush()
+        except OSError as error:  # a full disk
+            handle.close()
+            raise WriteError(
+                f"cannot write the run lock {self.path}: {error.strerror or error}; free disk space or "
+                "run elsewhere (hydra.run.dir=... or output_dir=...)"
+            ) from None
         self._handle = handle
         return self
 
