@@ -525,3 +525,19 @@ def test_train_py_on_a_full_disk_or_under_sys_is_one_line_and_leaves_nothing(tmp
         assert len(lines) == 1 and lines[0].startswith(says), lines
         assert not run.exists()
     assert sorted(p.name for p in full_disk.iterdir()) == ["filler"]  # no probe left behind
+
+
+def test_the_resume_command_of_a_run_that_started_over_does_not_start_over_again(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from pretrain.training import run as run_module
+
+    task = ["train.max_steps=9", "start_over=true", f"hydra.run.dir={tmp_path}"]
+    monkeypatch.setattr(run_module, "_hydra_mode", lambda: "RUN")
+    monkeypatch.setattr(
+        HydraConfig, "get", staticmethod(lambda: SimpleNamespace(overrides=SimpleNamespace(task=task)))
+    )
+    command = run_module.resume_command(tmp_path)
+    assert command == f"python train.py train.max_steps=9 hydra.run.dir={tmp_path} ckpt_path=auto"

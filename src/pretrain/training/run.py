@@ -519,7 +519,10 @@ def resume_command(output_dir: Path) -> str:
         from hydra.core.hydra_config import HydraConfig
 
         overrides = [
-            o for o in HydraConfig.get().overrides.task if not o.startswith(("ckpt_path=", "hydra.run.dir="))
+            o
+            for o in HydraConfig.get().overrides.task
+            # start_over deleted the earlier run's checkpoints once; a resume continues this run's
+            if not o.lstrip("+").startswith(("ckpt_path=", "hydra.run.dir=", "start_over="))
         ]
     elif _hydra_mode() is None:
         return f"train(config with ckpt_path=auto output_dir={output_dir})"
