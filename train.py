@@ -13,12 +13,28 @@ def check_overrides(argv: list[str]) -> None:
     if any(arg.startswith("-") for arg in argv):
         return
     from pretrain.config import load_config, to_config
+    from pretrain.data.mixture import check_sources
     from pretrain.errors import exit_on_user_error
 
     with exit_on_user_error():
         config = to_config(load_config(argv))
-        check_run_dir(argv)
+        directory = check_run_dir(argv)
         check_device(config)
+        check_sources(config)  # a mixture's policy and every source's keys (nothing hashed)
+        if directory is not None:
+            lock_run_dir(directory, config)
+
+
+def lock_run_dir(directory, config) -> None:
+    """An existing run directory (hydra.run.dir=DIR, a SLURM job's) is locked before Hydra writes its
+    `.hydra/` files and train.log into it, and a fresh run there must not replace another run's
+    checkpoints: a refused run leaves the live run's files as they were."""
+    from pretrain.training.rundir import check_fresh_start, hold_run_dir, is_rank_zero
+
+    if not is_rank_zero():  # the other ranks are rank 0's own job
+        return
+    hold_run_dir(directory)  # held until the process ends; the run's own lock shares it
+    check_fresh_start(directory, config.ckpt_path, config.start_over)
 
 
 def check_device(config) -> None:
@@ -29,16 +45,32 @@ def check_device(config) -> None:
     attention_backend(config.attn, config.trainer)
 
 
-def check_run_dir(argv: list[str]) -> None:
+def _override_value(override: str) -> str:
+    """The value of `key=value` as Hydra reads it (quotes and escapes as its grammar has them)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        (parsed,) = OverridesParser.create().parse_overrides([override])
+        return str(parsed.value())
+    except Exception:  # Hydra itself reports a malformed override, in one line
+        return override.split("=", 1)[1].strip("'\"")
+
+
+def check_run_dir(argv: list[str]):
     """The run directory (hydra.run.dir, else under ./outputs) must be creatable: refused in one line
-    here rather than as Hydra's traceback when it makes the directory."""
+    here rather than as Hydra's traceback when it makes the directory. Returns the directory when it
+    is known before Hydra resolves it (hydra.run.dir=DIR, a SLURM job's), else None (a new one)."""
     import os
     from pathlib import Path
 
     from pretrain.errors import WriteError
+    from pretrain.training.rundir import slurm_job_id
 
-    given = [arg.split("=", 1)[1].strip("'\"") for arg in argv if arg.startswith("hydra.run.dir=")]
-    target = Path(given[-1]) if given and "${" not in given[-1] else Path("outputs")
+    given = [_override_value(arg) for arg in argv if arg.startswith("hydra.run.dir=")]
+    explicit = bool(given) and "${" not in given[-1]
+    job = slurm_job_id()
+    known = Path(given[-1]) if explicit else Path("outputs") / f"slurm-{job}" if job and not given else None
+    target = Path(given[-1]) if explicit else Path("outputs")
     existing = target.absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -47,6 +79,37 @@ def check_run_dir(argv: list[str]) -> None:
             f"cannot create the run directory {target}: {existing} is not a writable folder; "
             "run elsewhere with hydra.run.dir=DIR"
         )
+    failed = _cannot_write_in(existing)  # root passes os.access on /sys; a full disk passes it too
+    if failed is not None:
+        import errno
+
+        free = "free disk space or " if failed.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        raise WriteError(
+            f"cannot create the run directory {target}: cannot write in {existing} "
+            f"({failed.strerror or failed}); {free}run elsewhere with hydra.run.dir=DIR"
+        )
+    return known
+
+
+def _cannot_write_in(folder) -> OSError | None:
+    """The error a file of Hydra's config's size meets in `folder` (None: it can be written): tried,
+    then removed, so a full disk or a pseudo file system is one line here, not Hydra's traceback."""
+    import os
+
+    probe = folder / f".write-test-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as error:
+        return error
+    try:
+        os.write(fd, b"\0" * 16384)
+        os.fsync(fd)
+    except OSError as error:
+        return error
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+    return None
 
 
 def run() -> None:

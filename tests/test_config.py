@@ -156,11 +156,12 @@ def test_unknown_key_fails_at_composition():
 
 def test_the_data_group_holds_only_the_chosen_policys_options():
     """Each policy's dataclass types the group: another policy's option is an unknown key there."""
-    assert "Key 'pad_to' not in 'BestfitConfig'" in composition_error("data=bestfit", "data.pad_to=longest")
-    assert "Key 'strategy' not in 'PaddedConfig'" in composition_error("data=padded", "data.strategy=bfd")
-    assert "Key 'packing_buffer' not in 'PaddedConfig'" in composition_error(
-        "data=padded", "data.packing_buffer=8"
+    padded = "no such key; data=padded has: policy, max_seq_len, long_docs, pad_to"
+    assert "'data.pad_to': no such key; data=bestfit has: policy," in composition_error(
+        "data=bestfit", "data.pad_to=longest"
     )
+    assert f"'data.strategy': {padded}" in composition_error("data=padded", "data.strategy=bfd")
+    assert f"'data.packing_buffer': {padded}" in composition_error("data=padded", "data.packing_buffer=8")
     for option, config_class in [("padded", "PaddedConfig"), ("prepacked", "PrepackedConfig")]:
         assert type(to_config(load_config([f"data={option}"])).data).__name__ == config_class
     bestfit = to_config(load_config(["data=bestfit", "data.packing_buffer=8"])).data

@@ -116,6 +116,7 @@ def verification_table(result) -> Table:
 
 def cmd_inspect(overrides: list[str], output: str | None) -> int:
     config, spec = _cache_spec(overrides)
+    path = _check_output_file(output, example="stats.json") if output else None  # before the work
     from .data.floors import combined_floors, spec_floors
     from .data.mixture import MixtureSpec
     from .data.policies import PolicySettings
@@ -144,46 +145,79 @@ def cmd_inspect(overrides: list[str], output: str | None) -> int:
             stats["mixture"][name]["floors"] = floor
         stats["floors"] = {k: v for k, v in combined_floors(floors).items() if k != "components"}
     Console().print(render_table(stats))
-    if output:  # without one the table is the answer
-        path = Path(output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(stats, indent=2, default=float) + "\n")
-        print(path.resolve())
+    if path is not None:  # without one the table is the answer
+        _write_output(path, json.dumps(stats, indent=2, default=float) + "\n")
+        print(path)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .report.compare import compare
+    from .errors import WriteError
+    from .report.compare import check_output, compare
 
-    output = Path(args.output) if args.output else None
-    compare(
-        [Path(d) for d in args.dirs],
-        output=output,
-        wandb=args.wandb,
-        reference=args.reference,
-        at_tokens=args.at_tokens,
-        at_seconds=args.at_seconds,
-        at_step=args.at_step,
-        paired=not args.unpaired,
-        timing=not args.no_timing,
-    )
+    # The plot's path (default: compare.png in the first directory) is checked before the work.
+    output = Path(args.output) if args.output else Path(args.dirs[0]) / "compare.png"
+    check_output(output)
+    if args.output or output.parent.is_dir():  # a missing run directory is compare's to name
+        shown = str(output) if args.output else f"{output} (the default)"
+        _check_output_file(str(output), spelling=f"--output {shown}", example="compare.png")
+    try:
+        compare(
+            [Path(d) for d in args.dirs],
+            output=output,
+            wandb=args.wandb,
+            reference=args.reference,
+            at_tokens=args.at_tokens,
+            at_seconds=args.at_seconds,
+            at_step=args.at_step,
+            paired=not args.unpaired,
+            timing=not args.no_timing,
+        )
+    except WriteError:
+        raise
+    except OSError as error:  # the plot and its .md table are written atomically: nothing half-written
+        raise WriteError(
+            f"compare: {error.filename or output}: {error.strerror or error}; free disk space or pick "
+            "another --output FILE.png"
+        ) from None
     return 0
 
 
-def _check_output_file(output: str) -> Path:
+def _check_output_file(output: str, spelling: str | None = None, example: str = "eval.json") -> Path:
     """An `output=FILE` checked before the work that fills it: its folder exists (or can be made) and
-    is writable, and it is not a directory."""
+    is writable, and it is not a directory. `spelling` names it in messages (default `output=FILE`;
+    compare: `--output FILE`)."""
+    name = spelling or f"output={output}"
+    flag = name.startswith("--output")
+    other = "--output FILE.png" if flag else "output=FILE"
     path = Path(output).resolve()
     if path.is_dir():
-        raise ConfigError(f"output={output} is a directory: give a file name, e.g. output={output}/eval.json")
+        given = f"--output {Path(output) / example}" if flag else f"output={output}/{example}"
+        raise ConfigError(f"{name} is a directory: give a file name, e.g. {given}")
     folder = path.parent
+    blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise ConfigError(f"{name}: {blocker} is a file, not a folder; pick another {other}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ConfigError(f"output={output}: cannot create {folder} ({error.strerror or error})") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"output={output}: {folder} is not writable; pick another output=FILE")
+        raise ConfigError(f"{name}: cannot create {folder} ({error.strerror or error})") from None
+    if not os.access(folder, os.W_OK | os.X_OK) or not _can_create_in(folder):
+        raise ConfigError(f"{name}: {folder} is not writable; pick another {other}")
     return path
+
+
+def _can_create_in(folder: Path) -> bool:
+    """A file can be made in `folder` (root passes os.access on a read-only mount: try it)."""
+    from .fileio import temporary_path
+
+    probe = temporary_path(folder / "write-test")
+    try:
+        probe.touch(exist_ok=False)
+    except OSError:
+        return False
+    probe.unlink(missing_ok=True)
+    return True
 
 
 def _write_output(path: Path, text: str) -> None:

@@ -18,13 +18,17 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import math
 import os
+import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
+from hydra.errors import ConfigCompositionException as ConfigCompositionError
 from omegaconf import II, MISSING, DictConfig, ListConfig, OmegaConf
 
 # The data group's schema lives with its policies (data/policies/: one config dataclass per policy);
@@ -200,6 +204,8 @@ class MixtureConfig:
             if not _is_set(weight) or isinstance(weight, bool) or not weight > 0:
                 shown = f"{weight:g}" if isinstance(weight, int | float) else repr(weight)
                 raise ConfigError(f"{key}.weight must be > 0, got {shown}")
+            if not math.isfinite(weight):  # inf > 0: the shares would be inf/inf (arbitrary)
+                raise ConfigError(f"{key}.weight must be a finite number > 0, got {weight:g}")
             repeat = component.max_repeat
             if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
                 raise ConfigError(f"{key}.max_repeat must be an integer >= 1, got {repeat!r}")
@@ -337,6 +343,31 @@ class LoggerConfig:
             raise ConfigError(f"logger.mode={self.mode!r} must be online, offline, disabled or null")
 
 
+DEFAULT_WARMUP_STEPS = 20
+_SAID: set[str] = set()
+
+
+def _say_once(text: str) -> None:
+    """A note about the config, once per process (the config is typed more than once) and on rank 0."""
+    if text in _SAID or any(os.environ.get(k, "0") != "0" for k in ("RANK", "LOCAL_RANK", "SLURM_PROCID")):
+        return
+    _SAID.add(text)
+    print(text, file=sys.stderr, flush=True)
+
+
+def default_warmup(max_steps: int) -> int:
+    """train.warmup_steps left unset: 20 updates, scaled down to a tenth of a shorter run (a default
+    must not refuse `train.max_steps=8`; a warmup the user sets is checked as given)."""
+    if DEFAULT_WARMUP_STEPS <= max_steps:
+        return DEFAULT_WARMUP_STEPS
+    scaled = max_steps // 10
+    _say_once(
+        f"train.warmup_steps: the default {DEFAULT_WARMUP_STEPS} is more than train.max_steps={max_steps}; "
+        f"warming up for {scaled} updates instead (set train.warmup_steps to choose)"
+    )
+    return scaled
+
+
 @dataclass
 class TrainConfig:
     batch_size: int | None = 4
@@ -357,8 +388,9 @@ class TrainConfig:
     policy, so runs compare at equal real tokens; null = train.max_steps alone decides"""
     lr: float = 3.0e-3
     """peak learning rate (AdamW)"""
-    warmup_steps: int = 20
-    """linear warmup updates, then cosine decay to min_lr_ratio x lr at max_steps"""
+    warmup_steps: int | None = None
+    """linear warmup updates, then cosine decay to min_lr_ratio x lr at max_steps; null = 20, or
+    max_steps // 10 for a run shorter than that (said in one line)"""
     min_lr_ratio: float = 0.1
     """final learning rate / peak learning rate"""
     weight_decay: float = 0.1
@@ -390,6 +422,8 @@ class TrainConfig:
         ):
             _at_least(f"train.{key}", getattr(self, key), 1)
         _at_least("train.warmup_steps", self.warmup_steps, 0)
+        if self.warmup_steps is None and _is_set(self.max_steps):
+            default_warmup(self.max_steps)  # says so when it scales down (the field stays null)
         _at_least("train.max_tokens", self.max_tokens, 1)  # null: no token budget
         self._check_batching()
         if _is_set(self.lr) and not self.lr > 0:
@@ -398,7 +432,8 @@ class TrainConfig:
         _at_least("train.weight_decay", self.weight_decay, 0.0)
         if _is_set(self.grad_clip) and self.grad_clip is not None and not self.grad_clip > 0:
             raise ConfigError(f"train.grad_clip={self.grad_clip!r} must be > 0, or null for no clipping")
-        if _is_set(self.warmup_steps) and _is_set(self.max_steps) and self.warmup_steps > self.max_steps:
+        warmup = self.warmup_steps
+        if warmup is not None and _is_set(warmup) and _is_set(self.max_steps) and warmup > self.max_steps:
             raise ConfigError(
                 f"train.warmup_steps={self.warmup_steps} must be <= train.max_steps={self.max_steps} "
                 "(the learning rate would never reach its peak)"
@@ -406,6 +441,11 @@ class TrainConfig:
         betas = self.betas
         if _is_set(betas) and (len(betas) != 2 or not all(_is_set(b) and 0.0 <= b < 1.0 for b in betas)):
             raise ConfigError(f"train.betas={list(betas)!r} must be two numbers in [0, 1), e.g. [0.9,0.95]")
+
+    @property
+    def warmup(self) -> int:
+        """The warmup the schedule uses: train.warmup_steps, or its default for this run's length."""
+        return self.warmup_steps if self.warmup_steps is not None else default_warmup(self.max_steps)
 
     def _check_batching(self) -> None:
         """How microbatches are sized (the data path's knobs of this group), checked once here."""
@@ -451,6 +491,8 @@ class Config:
     """where caches live (env PRETRAIN_CACHE_ROOT overrides)"""
     ckpt_path: str | None = None
     """resume model, optimizer and sampler state from this checkpoint; auto = the run dir's newest valid"""
+    start_over: bool = False
+    """a new run where another run left checkpoints: delete them first (else refused; or resume it)"""
     output_dir: str | None = None
     """run directory outside @hydra.main (tests, notebooks); under Hydra its run dir is used"""
     record_batches: bool = False
@@ -475,6 +517,11 @@ class Config:
     def __post_init__(self) -> None:
         if _is_set(self.seed) and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
             raise ConfigError(f"seed={self.seed!r} must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
+        if self.start_over is True and self.ckpt_path is not None:
+            raise ConfigError(
+                f"start_over=true deletes the run directory's checkpoints, ckpt_path={self.ckpt_path} "
+                "resumes one: choose one of them"
+            )
         tokens, length = self.train.microbatch_tokens, self.data.max_seq_len
         if _is_set(tokens) and tokens is not None and _is_set(length) and tokens < length:
             raise ConfigError(
@@ -572,12 +619,94 @@ def config_dir() -> Path:
 
 
 def load_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """The same config `python train.py overrides...` would see."""
+    """The same config `python train.py overrides...` would see. A key the schema does not hold is
+    refused here, naming the keys that exist: added with `+` (which Hydra accepts and the schema would
+    silently drop) or not (Hydra's "could not override", which would suggest `+`)."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
 
     register_schema()
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3", job_name="pretrain"):
-        return compose(config_name=CONFIG_NAME, overrides=list(overrides))
+        try:
+            cfg = compose(config_name=CONFIG_NAME, overrides=list(overrides))
+        except ConfigCompositionException as error:
+            refused = _HYDRA_UNKNOWN.match(str(error))
+            if refused is None or "not in" not in str(error.__cause__ or ""):
+                raise
+            key = refused.group(1)
+            # The group's schema as composed without that override (the data group: its policy's).
+            rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key]
+            try:
+                data = _data_schema(compose(config_name=CONFIG_NAME, overrides=rest))
+            except Exception:
+                data = DataConfig
+            raise UnknownKeyError(f"Could not override '{key}': {_no_such_key(key, Config, data)}") from None
+    check_known_keys(cfg)
+    return cfg
+
+
+class UnknownKeyError(ConfigError, ConfigCompositionError):
+    """A key the schema does not hold (still a Hydra composition error for code that catches those)."""
+
+
+_HYDRA_UNKNOWN = re.compile(r"Could not override '([^']+)'")
+
+
+def _dataclass_of(hint: Any) -> type | None:
+    """The dataclass a field's type names (`X`, `X | None`), else None."""
+    if isinstance(hint, type) and is_dataclass(hint):
+        return hint
+    for arg in get_args(hint):
+        if isinstance(arg, type) and is_dataclass(arg):
+            return arg
+    return None
+
+
+def _no_such_key(key: str, root: type, data: type[DataConfig] = DataConfig) -> str:
+    """`no such key; <group> has: a, b, ...` for a dotted `key` under the schema `root`."""
+    *parents, _ = key.split(".")
+    cls: type | None = root
+    i = 0
+    while cls is not None and i < len(parents):
+        hint = get_type_hints(cls).get(parents[i])
+        if get_origin(hint) is dict:  # mixture.components.<name>: skip the name, then its dataclass
+            cls, i = _dataclass_of(get_args(hint)[1]), i + 2
+            continue
+        cls, i = (data if hint is DataConfig else _dataclass_of(hint)), i + 1
+    if cls is None or i > len(parents):
+        return "no such key"
+    where = ".".join(parents) or "the config's root"
+    if cls is data and data is not DataConfig:
+        where = f"data={data.for_policy}"
+    return f"no such key; {where} has: {', '.join(f.name for f in fields(cls))}"
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Every key of the composed config is one its schema holds (the data group: the chosen policy's)."""
+    data = _data_schema(cfg)
+    tree = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(tree, dict)
+
+    def walk(node: dict, cls: type, prefix: str) -> None:
+        hints = get_type_hints(cls)
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if key not in hints:
+                raise UnknownKeyError(f"{path}: {_no_such_key(path, Config, data)}")
+            hint = hints[key]
+            if not isinstance(value, dict):
+                continue
+            if get_origin(hint) is dict:  # name -> dataclass (mixture.components)
+                item = _dataclass_of(get_args(hint)[1])
+                for name, entry in value.items():
+                    if item is not None and isinstance(entry, dict):
+                        walk(entry, item, f"{path}.{name}.")
+                continue
+            child = data if hint is DataConfig else _dataclass_of(hint)
+            if child is not None:
+                walk(value, child, f"{path}.")
+
+    walk(tree, Config, "")
 
 
 def to_config(cfg: DictConfig | Config) -> Config:

@@ -26,7 +26,7 @@ from .data.prepare import prepare_cache
 from .data.tokenizer import token_byte_lengths
 from .data.tokens import TokenSplit
 from .errors import CheckpointError, ConfigError
-from .hf import model_weights
+from .hf import check_weight_shapes, model_weights
 from .model import GPT, GPTConfig
 from .model.attention import check_backend
 from .training.scoring import ScoringProgress, score_batches
@@ -161,8 +161,10 @@ def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32  # bf16 autocast on CUDA (varlen needs it)
     backend = check_backend(str(config.attn.backend), device, dtype, training=False)
+    weights = model_weights(checkpoint)
+    check_weight_shapes(weights, gpt_config, str(path))
     model = GPT(gpt_config, attn=backend, attn_compile=config.attn.compile)
-    model.load_state_dict(model_weights(checkpoint))
+    model.load_state_dict(weights)
     mixture = MixtureSpec.from_config(config)
     specs = (
         {None: CacheSpec.from_config(config)}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import sys
 from collections.abc import Mapping
@@ -73,6 +74,26 @@ def model_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
     return {
         k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")
     }
+
+
+def check_weight_shapes(weights: dict[str, torch.Tensor], model: GPTConfig, where: str) -> None:
+    """The checkpoint's weights fit `model` tensor by tensor (a file whose settings match can still hold
+    another shape): refused in one line naming the tensor and both shapes, not a load_state_dict
+    traceback. The model is built on the meta device (no memory)."""
+    with torch.device("meta"):
+        expected = GPT(model, attn="sdpa").state_dict()
+    for name, tensor in expected.items():
+        have = weights.get(name)
+        if have is None:
+            raise CheckpointError(
+                f"{where} has no tensor {name}, which the model needs: it is not this model's"
+            )
+        if tuple(have.shape) != tuple(tensor.shape):
+            raise CheckpointError(
+                f"{where}: tensor {name} has shape {tuple(have.shape)}, the model needs "
+                f"{tuple(tensor.shape)}: the file does not fit its own model settings (altered, or saved by "
+                "another model)"
+            )
 
 
 def gpt2_config(model: GPTConfig) -> dict:
@@ -163,6 +184,14 @@ def check_export_output(output: Path | str) -> Path:
     return output
 
 
+def _io_reason(error: BaseException) -> str:
+    """An OSError's strerror, or the OS's words inside safetensors' `... I/O error: X (os error N) ...`."""
+    if isinstance(error, OSError):
+        return str(error.strerror or error)
+    found = re.search(r"I/O error: (.+?) \(os error \d+\)", str(error))
+    return found.group(1) if found else str(error).splitlines()[0]
+
+
 def export(checkpoint_path: Path | str, output: Path | str) -> Path:
     """Write `output` as a Hugging Face GPT-2 directory; built beside it and renamed into place, so a
     failure (a full disk, a permission) leaves nothing behind."""
@@ -170,6 +199,7 @@ def export(checkpoint_path: Path | str, output: Path | str) -> Path:
 
     output = check_export_output(output)
     try:
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
         from transformers import GPT2Config
     except ImportError as error:
@@ -191,10 +221,10 @@ def export(checkpoint_path: Path | str, output: Path | str) -> Path:
         if output.exists():
             output.rmdir()
         os.rename(tmp, output)
-    except OSError as error:
+    except (OSError, SafetensorError) as error:  # safetensors' I/O errors are not OSErrors
         shutil.rmtree(tmp, ignore_errors=True)
         raise WriteError(
-            f"could not write the export to {output}: {error.strerror or error}; free disk space or pick "
+            f"could not write the export to {output}: {_io_reason(error)}; free disk space or pick "
             "another --output (nothing was left behind)"
         ) from None
     except BaseException:

@@ -135,12 +135,33 @@ class MixtureSpec:
 
     def check_policy(self, policy: str) -> None:
         """A policy whose layout is one stream fixed ahead of time cannot lay out a mixture's epochs."""
-        if not policy_class(policy).mixes:
-            able = ", ".join(str(name) for name, cls in REGISTRY.items() if cls.mixes)
-            raise ConfigError(
-                f"data={policy} packs one fixed token stream ahead of time, a mixture plans its chunks per "
-                f"epoch: use data={able} with mixture=..."
-            )
+        check_mixable(policy)
+
+
+def check_sources(config: Config) -> None:
+    """The run's sources and, with a mixture, its policy, checked from the config alone (no file is
+    hashed, nothing built): what train.py refuses before Hydra makes the run directory."""
+    from .sources import source_from_config
+
+    if config.mixture is None:
+        source_from_config(config.source)
+        return
+    check_mixable(str(config.data.policy))
+    for name, component in config.mixture.components.items():
+        try:
+            source_from_config(component.source)
+        except PretrainError as error:  # the source kind's own check, named by the component
+            raise type(error)(f"mixture.components.{name}.source: {error}") from None
+
+
+def check_mixable(policy: str) -> None:
+    """A policy whose layout is one stream fixed ahead of time cannot lay out a mixture's epochs."""
+    if not policy_class(policy).mixes:
+        able = ", ".join(str(name) for name, cls in REGISTRY.items() if cls.mixes)
+        raise ConfigError(
+            f"data={policy} packs one fixed token stream ahead of time, a mixture plans its chunks per "
+            f"epoch: use data={able} with mixture=..."
+        )
 
 
 # --- the components' splits read as one ------------------------------------------------------------
@@ -314,10 +335,26 @@ class MixturePlan:
         limits = repeat * self.available / weights
         self.epoch_tokens = float(limits.min())  # T
         limiting = int(np.argmin(limits))
+        self.limiting = limiting
         shares = np.rint(weights * self.epoch_tokens).astype(np.int64)
         shares[limiting] = int(mixture.max_repeat[limiting]) * int(self.available[limiting])  # exact
         self.shares = np.maximum(shares, 1)
         self._epochs: dict[int, MixedEpoch] = {}
+        if self.epoch_tokens < table.max_seq_len:  # less than one full context: a degenerate epoch
+            log.warning(
+                f"the mixed epoch is only {self.epoch_tokens:,.0f} real tokens, less than one "
+                f"data.max_seq_len={table.max_seq_len}: {self.limit()}; raise its budget or max_repeat, "
+                "or lower its weight"
+            )
+
+    def limit(self) -> str:
+        """Which component bounds the epoch and why (its tokens x max_repeat / weight)."""
+        i = self.limiting
+        name, weight = self.mixture.names[i], float(self.mixture.weights[i])
+        return (
+            f"mixture component {name!r} limits it ({int(self.available[i]):,} trained tokens x "
+            f"max_repeat {int(self.mixture.max_repeat[i])} / weight {weight:.3g})"
+        )
 
     def uses_per_epoch(self) -> np.ndarray:
         """Times each component's tokens are used per epoch on average (share / available)."""

@@ -142,6 +142,8 @@ def first_fit_online(
     """
     if open_bins < 1:
         raise ValueError(f"data.open_bins must be >= 1, got {open_bins}")
+    # More bins than items never all fill: capping changes nothing but the kernels' allocations.
+    open_bins = max(1, min(int(open_bins), len(lengths) if order is None else len(order)))
     kernels = numba_kernels()
     if order is not None:
         order = np.asarray(order)

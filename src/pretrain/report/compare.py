@@ -41,7 +41,7 @@ import numpy as np
 import yaml
 
 from ..errors import ConfigError
-from ..fileio import write_text_atomic
+from ..fileio import atomic_write, write_text_atomic
 from ..training.metrics_file import FILE_NAME
 from ..training.run_record import LOSS, Run, layout_options, load_run, run_numbers
 from .arm_table import WANDB_COLUMNS, ArmTable, arm_table, markdown, p_text, reference_arm, wandb_rows
@@ -615,8 +615,11 @@ def plot(
 
     fig = figure(runs, arms, table, timing)
     output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=100)
-    plt.close(fig)
+    try:  # atomically: a full disk leaves the old plot or none, never a truncated one
+        with atomic_write(output) as handle:
+            fig.savefig(handle, dpi=100, format=output.suffix.lstrip(".").lower())
+    finally:
+        plt.close(fig)
 
 
 def plot_run(run_dir: Path) -> Path:

@@ -11,6 +11,7 @@ from ..config import AttnConfig, TrainerConfig
 from ..data.policies import PolicySettings
 from ..data.samplers import check_resume
 from ..errors import CheckpointError, ConfigError
+from ..hf import check_weight_shapes, model_weights
 from ..model import GPTConfig
 from ..model.attention import check_backend, resolve_backend
 from .checkpoints import load_checkpoint
@@ -85,6 +86,10 @@ def check_checkpoint(
             f"ckpt_path={path} holds a model {have_model}, the config asks for {model}: "
             "pick the same model=... and data.max_seq_len as the run that saved it"
         )
+    state = checkpoint.get("state_dict")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"ckpt_path={path} holds no model weights (state_dict)")
+    check_weight_shapes(model_weights(checkpoint), model, f"ckpt_path={path}")
     if saved.get("cache_key") != cache_key:
         mixed = any(str(key).startswith("mixture-") for key in (saved.get("cache_key"), cache_key))
         same = "mixture (its components, weights and max_repeat)" if mixed else "source"

@@ -127,7 +127,7 @@ class PretrainModule(L.LightningModule):
             lr=settings.lr,
             betas=(beta1, beta2),
         )
-        schedule = lr_lambda(settings.warmup_steps, settings.max_steps, settings.min_lr_ratio)
+        schedule = lr_lambda(settings.warmup, settings.max_steps, settings.min_lr_ratio)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -27,7 +27,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from ..config import Config, to_config
+from ..config import Config, check_known_keys, to_config
 from ..data.audit import composition_audit
 from ..data.cache import CacheSpec
 from ..data.mixture import MixtureSpec
@@ -44,7 +44,7 @@ from .module import PretrainModule
 from .preemption import FINISHING, TRAINING, Interrupted, Signals, active, exit_code
 from .progress import StepProgressBar, progress_callbacks, warn_if_slow_on_cpu
 from .recorder import BatchRecorder
-from .rundir import RunLock, claimed_here
+from .rundir import RunLock, check_fresh_start, claimed_here, is_rank_zero, remove_checkpoints
 
 _NOISE = (
     "litlogger",
@@ -120,6 +120,8 @@ class RunSettings:
 
     @classmethod
     def from_config(cls, cfg: DictConfig | Config) -> RunSettings:
+        if isinstance(cfg, DictConfig):  # a multirun job's too (train.py checks a single run's first)
+            check_known_keys(cfg)
         config = to_config(cfg)
         policy = PolicySettings.from_config(config.data, config.train, config.seed)
         backend = attention_backend(config.attn, config.trainer)
@@ -174,9 +176,7 @@ class RunSettings:
         return replace(self, config=replace(self.config, ckpt_path=found))
 
 
-def _is_rank_zero() -> bool:
-    """Before the Trainer exists: rank 0 by the launchers' environment (Lightning, torchrun, SLURM)."""
-    return all(os.environ.get(key, "0") == "0" for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID"))
+_is_rank_zero = is_rank_zero
 
 
 def _auto_checkpoint(output_dir: Path) -> str | None:
@@ -300,6 +300,13 @@ class EpochFits(L.Callback):
         if sampler.batch_size * trainer.world_size > units:
             kind = sampler.policy.unit_name  # the policy's own word for a unit (rows, packs)
             ranks = f" x {trainer.world_size} ranks" if trainer.world_size > 1 else ""
+            plan = getattr(sampler, "mixture_plan", None)
+            if plan is not None:  # the epoch is as long as the smallest component allows: name it
+                raise ConfigError(
+                    f"the mixed epoch has {units:,} {kind}, less than train.batch_size="
+                    f"{sampler.batch_size}{ranks}: {plan.limit()}; raise that component's budget or "
+                    "max_repeat, or lower its weight"
+                )
             raise ConfigError(
                 f"train.batch_size={sampler.batch_size}{ranks} is more than an epoch of the train split, "
                 f"which has {units:,} {kind}: set train.batch_size<={max(1, units // trainer.world_size)} "
@@ -336,6 +343,8 @@ def _train(cfg: DictConfig | Config, callbacks, signals: Signals, plot_run: Plot
     lock = RunLock(output_dir).acquire() if _is_rank_zero() else None  # creates the directory
     try:
         try:
+            if lock is not None:
+                _start_over_if_asked(run.config, output_dir)
             for folder in (output_dir, output_dir / "checkpoints"):
                 remove_killed_writes(folder)  # of writers killed mid-write (a full disk, kill -9)
             run = run.resolve_auto()
@@ -349,6 +358,21 @@ def _train(cfg: DictConfig | Config, callbacks, signals: Signals, plot_run: Plot
     finally:
         if lock is not None:
             lock.release()
+
+
+def _start_over_if_asked(config: Config, output_dir: Path) -> None:
+    """A run that resumes nothing never mixes with another run's checkpoints: refused, or (start_over)
+    those are deleted first, in one line."""
+    check_fresh_start(output_dir, config.ckpt_path, config.start_over)
+    if config.start_over:
+        removed = remove_checkpoints(output_dir)
+        if removed:
+            print(
+                f"start_over=true: deleted {len(removed)} checkpoints of an earlier run in "
+                f"{output_dir / 'checkpoints'}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _trained(output_dir: Path) -> bool:
@@ -497,7 +521,10 @@ def resume_command(output_dir: Path) -> str:
         from hydra.core.hydra_config import HydraConfig
 
         overrides = [
-            o for o in HydraConfig.get().overrides.task if not o.startswith(("ckpt_path=", "hydra.run.dir="))
+            o
+            for o in HydraConfig.get().overrides.task
+            # start_over deleted the earlier run's checkpoints once; a resume continues this run's
+            if not o.lstrip("+").startswith(("ckpt_path=", "hydra.run.dir=", "start_over="))
         ]
     elif _hydra_mode() is None:
         return f"train(config with ckpt_path=auto output_dir={output_dir})"

@@ -107,7 +107,20 @@ def _load_config(run_dir: Path) -> dict:
     look like another arm."""
     for candidate in (run_dir / "config.yaml", run_dir / ".hydra" / "config.yaml"):
         if candidate.is_file():
-            config = yaml.safe_load(candidate.read_text()) or {}
+            try:
+                config = yaml.safe_load(candidate.read_text()) or {}
+            except (yaml.YAMLError, UnicodeDecodeError) as error:
+                mark = getattr(error, "problem_mark", None)
+                where = f" at line {mark.line + 1}" if mark is not None else ""
+                raise ConfigError(
+                    f"{candidate} is not valid YAML{where}: its run cannot be labelled; fix the file, "
+                    f"or leave {run_dir} out of the comparison"
+                ) from None
+            if not isinstance(config, dict):
+                raise ConfigError(
+                    f"{candidate} holds no config (a {type(config).__name__}, not a mapping): fix the "
+                    f"file, or leave {run_dir} out of the comparison"
+                )
             try:
                 from omegaconf import OmegaConf
 
