@@ -18,7 +18,7 @@ from wandb_records import OfflineRun, finished_run_file
 
 from pretrain.cli import main, parse_args
 from pretrain.errors import ConfigError
-from pretrain.report.arm_table import WANDB_COLUMNS, arm_table, common_reach, markdown
+from pretrain.report.arm_table import WANDB_COLUMNS, arm_table, common_reach, markdown, tokens_to_reach
 from pretrain.report.arms import group_arms
 from pretrain.report.compare import arm_colors, compare, figure, find_runs, label_runs, load_run
 from pretrain.report.statistics import (
@@ -505,7 +505,7 @@ def test_compare_writes_both_tables_and_logs_the_arms_table_to_wandb(study, tmp_
     content = json.loads((run.path.parent / "files" / row["compare/arms"]["path"]).read_text())
     assert content["columns"] == list(WANDB_COLUMNS)
     rows = [dict(zip(WANDB_COLUMNS, r, strict=True)) for r in content["data"]]
-    assert len(rows) == 10 * 3  # ten metrics x three arms
+    assert len(rows) == 11 * 3  # eleven metrics x three arms
     (padded,) = [r for r in rows if r["metric"] == "final train loss" and r["arm"] == A]
     assert padded["n"] == 3 and padded["mean"] == pytest.approx(3.2) and padded["std"] == pytest.approx(0.1)
     assert padded["diff"] == pytest.approx(0.6) and padded["significant"] is True  # against bestfit
@@ -723,3 +723,26 @@ def test_more_than_four_arms_also_get_one_small_panel_each(tmp_path):
     four = figure(runs[:4], group_arms(runs[:4]))  # four arms: the combined panels alone
     assert not [ax for ax in four.axes if ax.get_title().split("\n")[0] in policies]
     plt.close(four)
+
+
+def test_the_mean_of_the_last_two_validations_and_the_tokens_a_curve_needs_to_reach_the_floor(
+    study, tmp_path
+):
+    rows = _rows(arm_table(_arms(study)), "val loss, mean of the last two validations")
+    assert rows[A].summary.values == pytest.approx((3.5, 3.7, 3.9))  # (4.0 + 3.0) / 2, ...
+    # a curve linear in log(tokens): L = 6 - 0.5 ln(t), validated at 100, 200, 400 and 800 tokens
+    run_dir = tmp_path / "curve"
+    run_dir.mkdir()
+    lines = ["step,train/loss,train/tokens,val/loss"]
+    lines += [f"{i + 1},3.0,{t},{6 - 0.5 * math.log(t)}" for i, t in enumerate((100, 200, 400, 800))]
+    (run_dir / "metrics.csv").write_text("\n".join(lines) + "\n")
+    run = load_run(run_dir)
+    assert tokens_to_reach(run, 2.0) == pytest.approx(math.exp(8.0))  # where 6 - 0.5 ln(t) = 2
+    assert tokens_to_reach(run, 3.0) == 800.0  # already there: its own tokens
+    flat = load_run(write_run(tmp_path / "flat", policy="padded", seed=1, train_loss=3.0, val=(3.0, 3.0)))
+    assert math.isnan(tokens_to_reach(flat, 2.0))  # two validations: no curve to extrapolate
+    # in the floors section, for an arm above the bigram floor
+    for run_dir in sorted(p for p in study.iterdir() if p.is_dir()):
+        write_floors(run_dir, 3.5, 2.0)
+    text = markdown(arm_table(_arms(study)))
+    assert f"| {A} | 3 | 3.2000 | 3.5000 | 2.0000 | no (0/3 seeds) | n/a |" in text

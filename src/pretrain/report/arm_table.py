@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 
+import numpy as np
+
 from ..errors import ConfigError
 from ..training.run_record import LOSS, Run, run_numbers
 from . import floors as floor_models
@@ -120,6 +122,7 @@ class Floors:
     val_loss: float
     below_bigram: int
     judged: int
+    tokens_to_bigram: float = math.nan  # median over seeds of `tokens_to_reach` the bigram floor
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,12 @@ def metrics(
     return [
         Metric("final train loss", lambda run: run.last(LOSS), missing="no train/loss"),
         Metric("final val loss", final_val_loss, missing="never validated", floored=True),
+        Metric(
+            "val loss, mean of the last two validations (less noise than one)",
+            last_two_val_losses,
+            missing="fewer than two validations",
+            floored=True,
+        ),
         _interpolated(
             runs,
             "series",
@@ -242,6 +251,28 @@ def metrics(
 
 def final_val_loss(run: Run) -> float:
     return run.last(VAL_LOSS)
+
+
+def last_two_val_losses(run: Run) -> float:
+    values = run.values(VAL_LOSS)
+    return float(values[-2:].mean()) if len(values) >= 2 else math.nan
+
+
+def tokens_to_reach(run: Run, target: float) -> float:
+    """The real tokens at which the run's val loss would reach `target` if it kept falling as over
+    its second half of validations, linear in log(tokens) (a learning curve's usual shape at this
+    scale; an estimate, never a promise): nan with fewer than 3 validations or a curve that is not
+    falling there; the run's own tokens when it is already there."""
+    curve = [(x, y) for x, y in run.series.get(VAL_LOSS, []) if x > 0]
+    if len(curve) < 3:
+        return math.nan
+    if curve[-1][1] <= target:
+        return curve[-1][0]
+    tail = np.array(curve[len(curve) // 2 :], dtype=float)
+    slope, intercept = np.polyfit(np.log(tail[:, 0]), tail[:, 1], 1)
+    if not slope < 0:
+        return math.nan
+    return float(np.exp((target - intercept) / slope))
 
 
 def updates(run: Run) -> float:
@@ -350,6 +381,11 @@ def arm_table(
     return ArmTable(sections, ref, paired, budgets(arms, ref), arm_floors(arms), contended_runs(runs))
 
 
+def _median(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.median(finite)) if finite else math.nan
+
+
 def budgets(arms: list[Arm], ref: Arm | None) -> list[Budget]:
     """Each arm's updates, real and computed tokens and training seconds, against the reference's."""
 
@@ -395,6 +431,7 @@ def arm_floors(arms: list[Arm]) -> list[Floors]:
                 summarize([final_val_loss(run) for run in arm.runs]).mean,
                 sum(1 for v in verdicts if v),
                 sum(1 for v in verdicts if v is not None),
+                _median([tokens_to_reach(run, floor_models.floor(run, "bigram")) for run in arm.runs]),
             )
         )
     return rows
@@ -550,8 +587,9 @@ def floors_markdown(table: ArmTable) -> list[str]:
         "### floors: final val loss against context-free models counted on the train split "
         "(the same validation pairs; nats per pair)",
         "",
-        "| arm | n | final val loss | unigram floor | bigram floor | below the bigram floor |",
-        "|---|---|---|---|---|---|",
+        "| arm | n | final val loss | unigram floor | bigram floor | below the bigram floor | real tokens to "
+        "reach it (extrapolated) |",
+        "|---|---|---|---|---|---|---|",
     ]
     stuck = []
     for row in table.floors:
@@ -564,6 +602,7 @@ def floors_markdown(table: ArmTable) -> list[str]:
             stuck.append(row.arm.label)
         cells = [row.arm.label, str(row.arm.n), _number("{:.4f}", row.val_loss)]
         cells += [_number("{:.4f}", row.unigram), _number("{:.4f}", row.bigram), verdict]
+        cells.append("" if row.below_bigram == row.judged else _number("{:,.0f}", row.tokens_to_bigram))
         lines.append("| " + " | ".join(cells) + " |")
     if stuck:
         lines += [
@@ -571,7 +610,10 @@ def floors_markdown(table: ArmTable) -> list[str]:
             f"{len(stuck)} arm(s) did not end below the bigram floor in every seed: a model there predicts "
             "little better than from the previous token alone, and masking, truncation and fragmentation "
             "act through longer context, so their effect cannot show in these arms at any number of "
-            "seeds; train longer (more tokens, a decaying learning rate) before reading a layout effect.",
+            "seeds; train longer (more tokens, a decaying learning rate) before reading a layout effect. "
+            "The last column extrapolates each such arm's validations (the second half of them, linear in "
+            "log tokens; the median over seeds) to the bigram floor: an estimate of the budget needed, "
+            "n/a where its curve has fewer than 3 validations or is not falling.",
         ]
     return lines
 
