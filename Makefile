@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-e2e test-all bench lint train sweep study gpu-check gpu-wheels clean
+.PHONY: install test test-e2e test-all bench lint train sweep study study-masking gpu-check gpu-wheels clean
 
 # pip shows its progress: the first install downloads ~1 GB and takes minutes.
 $(STAMP): pyproject.toml
@@ -88,6 +88,18 @@ study: install
 	$(VENV)/bin/pretrain compare $(STUDY_DIR) --reference padded --output $(STUDY_DIR)/compare.png
 	@echo "study:      $(STUDY_DIR) (also outputs/composition_study/latest/)"
 	@echo "comparison: $(STUDY_DIR)/compare.png  $(STUDY_DIR)/compare.md"
+
+# The paired masking study (experiment=masking_paired, issue 29): prepacked concat with and without the
+# document mask, 4 paired seeds, 300 updates with a cosine decay, then `pretrain compare` (paired t).
+# About 35 minutes on 2 idle cores (8 runs).
+MASKING_DIR := outputs/masking_paired/$(shell date +%Y-%m-%d_%H-%M-%S)
+
+study-masking: install
+	$(PY) train.py --multirun experiment=masking_paired progress_bar=false $(STUDY_ARGS) \
+		hydra.sweep.dir=$(MASKING_DIR) 'hydra.sweep.subdir=mask$${data.document_mask}-seed$${seed}'
+	ln -sfn $(notdir $(MASKING_DIR)) outputs/masking_paired/latest
+	$(VENV)/bin/pretrain compare $(MASKING_DIR) --reference 'prepacked document_mask=true strategy=concat' \
+		--no-timing --output $(MASKING_DIR)/compare.png
 
 gpu-check: install
 	$(PY) scripts/gpu_check.py --output bench/results/gpu_check.json

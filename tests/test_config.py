@@ -302,3 +302,22 @@ def test_train_py_is_the_only_entry_and_registers_the_schema():
     text = (REPO / "train.py").read_text()
     assert "register_schema()" in text and "pretrain.training.run import train" in text
     assert not (REPO / "src" / "pretrain" / "training" / "cli.py").exists()
+
+
+def test_the_paired_masking_study_differs_only_in_the_mask():
+    """experiment=masking_paired: one factor (data.document_mask) on prepacked concat, 4 seeds, a
+    decaying rate over a fixed number of updates (equal updates and tokens for both arms)."""
+    configs = [
+        OmegaConf.to_container(
+            load_config(["experiment=masking_paired", f"data.document_mask={m}"]), resolve=True
+        )
+        for m in ("true", "false")
+    ]
+    assert [c["data"].pop("document_mask") for c in configs] == [True, False]
+    assert configs[0] == configs[1]
+    train = configs[0]["train"]
+    assert (train["max_steps"], train["max_tokens"], train["min_lr_ratio"]) == (300, None, 0.1)
+    assert train["val_every_n_steps"] == 100 and train["val_batches"] is None and train["warmup_steps"] > 0
+    assert (configs[0]["data"]["policy"], configs[0]["data"]["strategy"]) == ("prepacked", "concat")
+    sweep = OmegaConf.load(REPO / "conf" / "experiment" / "masking_paired.yaml").hydra.sweeper.params
+    assert sweep.seed == "0,1,2,3" and sweep["data.document_mask"] == "true,false"

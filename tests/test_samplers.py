@@ -379,3 +379,23 @@ def test_epoch_plans_are_flat_arrays_of_a_few_bytes_per_chunk(case, tmp_path):
     assert all(isinstance(a, np.ndarray) and a.dtype.kind == "i" for a in arrays)
     assert plan.nbytes / chunks <= 16  # int32 chunk ids, int64 pack pointers, int32 unit order
     assert peak / chunks <= 24
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_concat_with_and_without_the_mask_serves_one_seed_the_same_windows_in_the_same_order(seed, tmp_path):
+    """What makes experiment=masking_paired a paired design: the mask changes the attention segments
+    (cu_seqlens), positions and the cross-document targets (an EOS predicting the next document's
+    first token: trained without the mask, not with it), never which tokens a seed's updates carry,
+    nor their order."""
+    split = random_split(12)
+    masked = list(build_sampler(case_cfg("concat-masked", f"seed={seed}"), split, packs_dir=tmp_path / "a"))
+    open_ = list(build_sampler(case_cfg("concat-open", f"seed={seed}"), split, packs_dir=tmp_path / "b"))
+    assert len(masked) == len(open_) > 3
+    for a, b in zip(masked, open_, strict=True):
+        assert torch.equal(a.input_ids, b.input_ids)
+        kept = a.targets != -100
+        assert torch.equal(a.targets[kept], b.targets[kept])
+        dropped = ~kept & (b.targets != -100)  # the pairs only the open arm trains: after an EOS
+        assert bool((a.input_ids[dropped] == 50256).all())
+    # the mask is what differs: more segments (one per document piece) than one per window
+    assert sum(len(a.cu_seqlens) for a in masked) > sum(len(b.cu_seqlens) for b in open_)
