@@ -326,12 +326,15 @@ def component_losses(runs: list[Run]) -> list[str]:
 
 
 def reference_arm(arms: list[Arm], label: str | None) -> Arm | None:
-    """The arm `--reference LABEL` names. Without one: the first padded arm (the baseline packing is
-    measured against, wherever the sweep put it), else the first arm; none for a single arm."""
+    """The arm `--reference LABEL` names. Without one: the first arm of a baseline policy (padded: what
+    packing is measured against, wherever the sweep put it), else the first arm; none for a single arm."""
     if label is None:
         if len(arms) < 2:
             return None
-        return next((arm for arm in arms if arm.runs[0].policy == "padded"), arms[0])
+        from ..data.policies import REGISTRY
+
+        baselines = {str(name) for name, policy in REGISTRY.items() if policy.baseline}
+        return next((arm for arm in arms if arm.runs[0].policy in baselines), arms[0])
     for arm in arms:
         if arm.label == label:
             return arm

@@ -122,6 +122,8 @@ class DataPolicy:
     fixed_layout: ClassVar[bool] = True  # the same layout every epoch (built once per sampler)
     shuffle_units: ClassVar[bool] = True  # shuffle the units of the layout per training epoch
     unit_name: ClassVar[str] = "packs"  # what a unit is called in messages
+    # The baseline the other layouts are measured against: compare's default reference arm.
+    baseline: ClassVar[bool] = False
     # True when `unit_order` groups the units into whole optimizer updates (vsl: one bucket per update):
     # the plan then depends on the update size, which a resumed epoch keeps (Sampler.load_state_dict).
     whole_updates: ClassVar[bool] = False

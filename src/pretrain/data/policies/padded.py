@@ -42,6 +42,7 @@ class PaddedPolicy(DataPolicy):
     name = Policy.padded
     config_class = PaddedConfig
     unit_name = "rows"
+    baseline = True  # one document per row, padded: what packing is measured against
     config: PaddedConfig
 
     def layout(
