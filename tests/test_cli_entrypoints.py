@@ -70,7 +70,7 @@ def test_train_py_bad_config_exits_2_with_the_fix(tmp_path, env):
         env,
     )
     assert proc.returncode == 2
-    assert "attn=varlen runs only on CUDA" in proc.stderr and "attn=sdpa" in proc.stderr
+    assert "attn=varlen needs a CUDA GPU" in proc.stderr and "attn=auto" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -292,7 +292,7 @@ class ModelConfig:
 @dataclass
 class TrainerConfig:
     accelerator: str = MISSING
-    """Lightning accelerator: cpu, gpu or auto"""
+    """Lightning accelerator: cpu, gpu or auto (a CUDA GPU when there is one, else the CPU)"""
     devices: Any = MISSING
     """Lightning devices: a count, -1 for all, or a list of indices"""
     num_nodes: int = 1
@@ -300,7 +300,8 @@ class TrainerConfig:
     strategy: str = MISSING
     """Lightning strategy: auto, ddp, fsdp"""
     precision: str = MISSING
-    """Lightning precision: 32-true, bf16-mixed, 16-mixed"""
+    """Lightning precision: 32-true, bf16-mixed, 16-mixed or auto (bf16-mixed on a GPU, fp16 before
+    Ampere; 32-true on the CPU)"""
     peak_tflops: float | None = None
     """one device's peak TFLOP/s for train/mfu; null = looked up for known GPUs (no MFU on CPU)"""
 

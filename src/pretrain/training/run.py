@@ -37,7 +37,7 @@ from ..fileio import write_text_atomic
 from ..model import GPTConfig
 from .checkpoint_io import RecordedModelCheckpoint, VerifiedCheckpointIO, raise_failed_save
 from .checkpoints import AUTO, newest_valid_checkpoint, remove_killed_writes, write_record
-from .checks import attention_backend, check_checkpoint, launch_world_size
+from .checks import attention_backend, check_checkpoint, device_line, launch_world_size, resolve_trainer
 from .datamodule import PretrainDataModule
 from .loggers import DataStatistics, MetricsStart, build_loggers, finish_loggers
 from .module import PretrainModule
@@ -123,6 +123,9 @@ class RunSettings:
         config = to_config(cfg)
         policy = PolicySettings.from_config(config.data, config.train, config.seed)
         backend = attention_backend(config.attn, config.trainer)
+        if _is_rank_zero():  # which device, precision and backend trainer=auto / attn=auto chose
+            print(device_line(config.attn, config.trainer, backend), file=sys.stderr, flush=True)
+        config = replace(config, trainer=resolve_trainer(config.trainer))  # Lightning sees concrete values
         model = GPTConfig.from_settings(config.model)
         warn_if_slow_on_cpu(config, model, policy)  # e.g. model=gpt2-small on trainer=cpu
         if config.model.init_from and not config.ckpt_path:
@@ -205,7 +208,7 @@ def _writable_checkpoint_dir(directory: Path) -> None:
 
 
 def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
-    t, trainer = config.train, config.trainer
+    t, trainer = config.train, resolve_trainer(config.trainer)  # trainer=auto: concrete for Lightning
     every = t.checkpoint_every_n_steps or 0
     # Periodic checkpoints: the newest train.keep_checkpoints (ranked by step); last.ckpt is written
     # by train() when the run ends or is preempted. A stale file of the same name is replaced.
