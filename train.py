@@ -5,20 +5,36 @@ import sys
 from pretrain.training.preemption import Interrupted, install_early
 
 
+MULTIRUN_FLAGS = ("-m", "--multirun")
+HELP_FLAGS = ("-h", "--help")
+
+
 def check_overrides(argv: list[str]) -> None:
     """Compose and type-check the overrides before Hydra starts: a bad override, an unknown key or
     option, a value out of range, or a device or attention backend this machine lacks is one `error:`
-    line with exit 2, and no run directory is made.
-    (Hydra's own flags and sweeps, `-m a=1,2`, are left to Hydra.)"""
-    if any(arg.startswith("-") for arg in argv):
+    line with exit 2, and no run directory is made. A multirun (`-m`/`--multirun`) gets the same checks
+    for every job's config (sweep.py expands it as Hydra would) before Hydra makes the sweep directory:
+    no job starts when any job would be refused. (Hydra's other flags, --cfg, --info, ..., are Hydra's.)"""
+    multirun = any(arg in MULTIRUN_FLAGS for arg in argv)
+    overrides = [arg for arg in argv if arg not in MULTIRUN_FLAGS]
+    if any(arg.startswith("-") for arg in overrides):
         return
     from pretrain.config import load_config, to_config
     from pretrain.errors import exit_on_user_error
 
     with exit_on_user_error():
-        config = to_config(load_config(argv))
-        check_run_dir(argv)
-        check_device(config)
+        if not multirun:
+            config = to_config(load_config(overrides))
+            check_run_dir(overrides)
+            check_device(config)
+            return
+        from pretrain.sweep import check_jobs, sweep_jobs
+
+        jobs = sweep_jobs(overrides)
+        if jobs is None:  # another sweeper than the basic one: its jobs are its own
+            return
+        check_run_dir(overrides, multirun=True)
+        check_jobs(jobs, lambda cfg: check_device(to_config(cfg)))
 
 
 def check_device(config) -> None:
@@ -29,15 +45,16 @@ def check_device(config) -> None:
     attention_backend(config.attn, config.trainer)
 
 
-def check_run_dir(argv: list[str]) -> None:
-    """The run directory (hydra.run.dir, else under ./outputs) must be creatable: refused in one line
-    here rather than as Hydra's traceback when it makes the directory."""
+def check_run_dir(argv: list[str], multirun: bool = False) -> None:
+    """The run directory (hydra.run.dir, a multirun's hydra.sweep.dir, else under ./outputs) must be
+    creatable: refused in one line here rather than as Hydra's traceback when it makes the directory."""
     import os
     from pathlib import Path
 
     from pretrain.errors import WriteError
 
-    given = [arg.split("=", 1)[1].strip("'\"") for arg in argv if arg.startswith("hydra.run.dir=")]
+    key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
+    given = [arg.split("=", 1)[1].strip("'\"") for arg in argv if arg.startswith(key)]
     target = Path(given[-1]) if given and "${" not in given[-1] else Path("outputs")
     existing = target.absolute()
     while not existing.exists() and existing != existing.parent:
@@ -45,7 +62,7 @@ def check_run_dir(argv: list[str]) -> None:
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise WriteError(
             f"cannot create the run directory {target}: {existing} is not a writable folder; "
-            "run elsewhere with hydra.run.dir=DIR"
+            f"run elsewhere with {key}DIR"
         )
 
 
@@ -73,7 +90,29 @@ def run() -> None:
             raise SystemExit(summary["exit_code"])
 
     check_overrides(sys.argv[1:])
+    if any(arg in HELP_FLAGS for arg in sys.argv[1:]):
+        show_help(main)
     main()
+
+
+def show_help(main) -> None:
+    """Hydra's --help without the `<policy>_schema` options it lists under `data:` (the schemas that
+    type each policy's options are not choices)."""
+    import contextlib
+    import io
+
+    from pretrain.errors import hide_schema_options
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        try:
+            main()
+        except SystemExit as exited:
+            code = exited.code
+        else:
+            code = 0
+    sys.stdout.write("\n".join(hide_schema_options(line) for line in text.getvalue().split("\n")))
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":
