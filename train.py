@@ -4,7 +4,6 @@ import sys
 
 from pretrain.training.preemption import Interrupted, install_early
 
-
 MULTIRUN_FLAGS = ("-m", "--multirun")
 HELP_FLAGS = ("-h", "--help")
 

@@ -46,7 +46,7 @@ def sweep_jobs(overrides: Sequence[str]) -> list[Job] | None:
 
     parser = OverridesParser.create()
     given = parser.parse_overrides(list(overrides))
-    fixed = [o.input_line for o in given if not o.is_sweep_override()]  # how Hydra composes the primary
+    fixed = [str(o.input_line) for o in given if not o.is_sweep_override()]  # how Hydra composes the primary
     with _hydra_context():
         primary = compose(config_name=CONFIG_NAME, overrides=fixed, return_hydra_config=True)
     sweeper = primary.hydra.sweeper
