@@ -374,8 +374,9 @@ class TrainConfig:
     """validation microbatches per rank; null = the whole validation split"""
     checkpoint_every_n_steps: int | None = 100
     """save a checkpoint every N optimizer steps; null = only last.ckpt at the end"""
-    keep_checkpoints: int | None = 3
-    """periodic checkpoints kept (the newest N by step) besides last.ckpt; null = keep every one"""
+    keep_checkpoints: int | None = 2
+    """periodic checkpoints kept, the newest N by step; last.ckpt is always kept and stands for the final
+    step's (no two files for one step); null = keep every one"""
     log_every_n_steps: int = 5
     """write metrics every N optimizer steps (validation steps always)"""
     deterministic: bool = False

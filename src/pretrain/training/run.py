@@ -117,14 +117,14 @@ class RunSettings:
     mixture: MixtureSpec | None  # the components' caches, when the run mixes corpora
     attn_backend: str  # resolved: `auto` is never passed down
     output_dir: Path
+    device_line: str = ""  # what trainer=auto / attn=auto chose, said once the run starts
 
     @classmethod
     def from_config(cls, cfg: DictConfig | Config) -> RunSettings:
         config = to_config(cfg)
         policy = PolicySettings.from_config(config.data, config.train, config.seed)
         backend = attention_backend(config.attn, config.trainer)
-        if _is_rank_zero():  # which device, precision and backend trainer=auto / attn=auto chose
-            print(device_line(config.attn, config.trainer, backend), file=sys.stderr, flush=True)
+        chosen = device_line(config.attn, config.trainer, backend)  # before auto is replaced below
         config = replace(config, trainer=resolve_trainer(config.trainer))  # Lightning sees concrete values
         model = GPTConfig.from_settings(config.model)
         warn_if_slow_on_cpu(config, model, policy)  # e.g. model=gpt2-small on trainer=cpu
@@ -137,7 +137,7 @@ class RunSettings:
             mixture.check_policy(policy.policy)
         cache = CacheSpec.from_config(config) if mixture is None else mixture.components[0].cache
         output_dir = _output_dir(config.output_dir)
-        run = cls(config, policy, model, cache, mixture, backend, output_dir)
+        run = cls(config, policy, model, cache, mixture, backend, output_dir, chosen)
         if config.ckpt_path != AUTO:  # auto: chosen once the run directory is locked (resolve_auto)
             check_checkpoint(
                 config.ckpt_path,
@@ -259,6 +259,18 @@ def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
     return lightning_trainer
 
 
+def remove_same_step(trainer: L.Trainer, last: Path) -> None:
+    """A periodic checkpoint saved at the final step holds what last.ckpt holds: removed (with its
+    record) once last.ckpt is written and checked, so no two checkpoint files share a step."""
+    callback = trainer.checkpoint_callback
+    if not isinstance(callback, RecordedModelCheckpoint) or callback.dirpath is None:
+        return
+    same = Path(callback.dirpath) / f"step{trainer.global_step:06d}.ckpt"
+    if same != last and (same.exists() or same.is_dir()):
+        trainer.strategy.remove_checkpoint(same)  # rank zero only; VerifiedCheckpointIO drops the record
+        callback.best_k_models.pop(str(same), None)
+
+
 class Preemption(L.Callback):
     """Stops training at the update boundary after a signal (preemption.py), agreed by all ranks."""
 
@@ -360,6 +372,8 @@ def _trained(output_dir: Path) -> bool:
 
 def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None) -> dict:
     config, output_dir = run.config, run.output_dir
+    if _is_rank_zero():  # the device, precision and attention backend, in one line on stdout
+        print(run.device_line, flush=True)
     L.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = PretrainDataModule(run.cache, run.policy, run.mixture)
     module = PretrainModule(
@@ -394,6 +408,7 @@ def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None
         raise_failed_save(trainer, last)  # with several ranks: rank 0's failure stops every one
         if trainer.is_global_zero and last.is_dir():  # sharded FSDP: a manifest of its files
             write_record(last)
+        remove_same_step(trainer, last)
     except Interrupted as error:
         if error.abort:  # a second Ctrl-C: no checkpoint, no report
             raise
