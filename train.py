@@ -2,7 +2,15 @@
 
 import sys
 
-from pretrain.training.preemption import Interrupted, install_early
+try:
+    from pretrain.training.preemption import Interrupted, install_early
+except ModuleNotFoundError as missing:  # run outside the project's environment: say how to enter it
+    print(
+        f"error: cannot import {missing.name!r} ({missing}): run inside the project's environment, "
+        "`source .venv/bin/activate` (after `make install`), or `make train`",
+        file=sys.stderr,
+    )
+    raise SystemExit(2) from None
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
 HELP_FLAGS = ("-h", "--help")
@@ -26,6 +34,7 @@ def check_overrides(argv: list[str]) -> None:
             config = to_config(load_config(overrides))
             check_run_dir(overrides)
             check_device(config)
+            note_new_outputs(overrides)
             return
         from pretrain.sweep import check_jobs, sweep_jobs
 
@@ -34,6 +43,7 @@ def check_overrides(argv: list[str]) -> None:
             return
         check_run_dir(overrides, multirun=True)
         check_jobs(jobs, lambda cfg: check_device(to_config(cfg)))
+        note_new_outputs(overrides)
 
 
 def check_device(config) -> None:
@@ -42,6 +52,23 @@ def check_device(config) -> None:
     from pretrain.training.checks import attention_backend
 
     attention_backend(config.attn, config.trainer)
+
+
+def note_new_outputs(argv: list[str]) -> None:
+    """Runs go under ./outputs of the working directory: one line when that folder is new (a run
+    started from another directory than the project's), so its runs are not looked for in vain."""
+    from pathlib import Path
+
+    if (
+        any(arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for arg in argv)
+        or Path("outputs").exists()
+    ):
+        return
+    print(
+        f"note: new outputs/ folder in {Path.cwd()} (runs go under the working directory); "
+        "run from the project to keep its runs together, or set hydra.run.dir=DIR",
+        file=sys.stderr,
+    )
 
 
 def check_run_dir(argv: list[str], multirun: bool = False) -> None:

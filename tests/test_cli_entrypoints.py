@@ -57,6 +57,9 @@ def test_train_py_runs_and_reports_where_outputs_went(tmp_path, env):
         assert (out / name).exists(), name
     assert f"outputs: {out}" in proc.stdout  # where everything went: stdout, not stderr
     assert f"outputs: {out}" not in proc.stderr
+    # what the run chose, once: smoke asks for trainer=cpu, attn=auto picks sdpa there
+    assert proc.stdout.count("device: CPU, precision 32-true, attention sdpa (auto)") == 1
+    assert not (out / "train.log").exists()  # nothing was logged: Hydra's log file is never opened
     assert "GPU available" not in proc.stderr + proc.stdout and "TPU available" not in proc.stderr
     summary = json.loads((out / "run.json").read_text())
     assert summary["steps"] == 3 and summary["policy"] == "bestfit" and summary["attn"] == "sdpa"

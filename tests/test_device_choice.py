@@ -119,14 +119,13 @@ def test_wandb_tags_the_resolved_backend(tmp_path, monkeypatch, gpu):
     assert "attn:varlen" in tags and "attn:auto" not in tags
 
 
-def test_run_settings_hold_the_concrete_trainer_and_say_the_choice(no_gpu, capsys, tmp_path):
+def test_run_settings_hold_the_concrete_trainer_and_say_the_choice(no_gpu, tmp_path):
     from pretrain.training.run import RunSettings
 
     run = RunSettings.from_config(load_config(["experiment=smoke", "trainer=auto", f"output_dir={tmp_path}"]))
     assert (run.config.trainer.accelerator, run.config.trainer.precision) == ("cpu", "32-true")
     assert run.attn_backend == "sdpa"
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("device:")]
-    assert lines == ["device: CPU (auto), precision 32-true (auto), attention sdpa (auto)"]
+    assert run.device_line == "device: CPU (auto), precision 32-true (auto), attention sdpa (auto)"
 
 
 # The choice feeds the varlen call path: in a child (fake CUDA can abort a process), the default
