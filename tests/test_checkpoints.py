@@ -41,9 +41,11 @@ def compose(out: Path, *overrides: str):
 
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory, cache_root) -> Path:
-    """A finished 3-step run with a checkpoint at every step and the default keep_checkpoints."""
+    """A finished 4-step run with a checkpoint at every step, all kept (step 4's is last.ckpt)."""
     out = tmp_path_factory.mktemp("saved") / "run"
-    train(compose(out, "train.max_steps=3", "train.checkpoint_every_n_steps=1"))
+    train(
+        compose(out, "train.max_steps=4", "train.checkpoint_every_n_steps=1", "train.keep_checkpoints=null")
+    )
     return out
 
 
@@ -69,21 +71,24 @@ def test_every_checkpoint_is_recorded_with_its_sha256(saved_run):
         "step000002.ckpt.sha256",
         "step000003.ckpt",
         "step000003.ckpt.sha256",
-    ]
+    ]  # no step000004.ckpt: last.ckpt is step 4's, no two files for one step
     for ckpt in folder.glob("*.ckpt"):
         digest, name = record_path(ckpt).read_text().split()
         assert name == ckpt.name
         assert digest == hashlib.sha256(ckpt.read_bytes()).hexdigest()  # independent hash
         assert verify_checkpoint(ckpt) is True
     last = torch.load(folder / "last.ckpt", map_location="cpu", weights_only=False)
-    assert last["global_step"] == 3
+    assert last["global_step"] == 4
 
 
 def test_keep_checkpoints_keeps_the_newest_periodic_ones(tmp_path, cache_root):
     out = tmp_path / "run"
     train(compose(out, "train.max_steps=5", "train.checkpoint_every_n_steps=1", "train.keep_checkpoints=2"))
     kept = sorted(p.name for p in (out / "checkpoints").glob("*.ckpt"))
-    assert kept == ["last.ckpt", "step000004.ckpt", "step000005.ckpt"]
+    assert kept == [
+        "last.ckpt",
+        "step000004.ckpt",
+    ]  # the newest two by step: 4 and 5, whose file is last.ckpt
     records = sorted(p.name for p in (out / "checkpoints").glob("*.sha256"))
     assert records == [f"{name}.sha256" for name in kept]  # pruned with their checkpoints
 
@@ -126,10 +131,10 @@ def test_a_copy_without_its_record_loads_with_a_warning(tmp_path, saved_run):
 
 
 def test_max_steps_at_or_below_the_checkpoint_step_is_refused_early(tmp_path, saved_run):
-    ckpt = saved_run / "checkpoints" / "last.ckpt"  # step 3
-    for max_steps in (2, 3):
+    ckpt = saved_run / "checkpoints" / "last.ckpt"  # step 4
+    for max_steps in (3, 4):
         with pytest.raises(
-            ConfigError, match=r"is at step 3 and train\.max_steps=\d: .*raise train\.max_steps"
+            ConfigError, match=r"is at step 4 and train\.max_steps=\d: .*raise train\.max_steps"
         ):
             train(compose(tmp_path / f"m{max_steps}", f"ckpt_path={ckpt}", f"train.max_steps={max_steps}"))
         assert not (tmp_path / f"m{max_steps}" / "metrics.csv").exists()
@@ -256,3 +261,16 @@ def test_a_manifest_catches_any_single_flipped_bit(tmp_path_factory, files, pick
     victim.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=re.escape(f"{victim} is corrupt")):
         verify_checkpoint(shard)
+
+
+@pytest.mark.parametrize("experiment", ["smoke", "demo"])
+def test_the_quick_runs_keep_at_most_two_checkpoint_files(experiment):
+    """Retention that fits the run: the smoke and demo runs stay far below 300 MB (~87 MB a file)."""
+    from pretrain.config import to_config
+
+    train_config = to_config(load_config([f"experiment={experiment}"])).train
+    every, steps = train_config.checkpoint_every_n_steps, train_config.max_steps
+    periodic = list(range(every, steps + 1, every)) if every else []
+    kept = periodic[-(train_config.keep_checkpoints or len(periodic)) :] if periodic else []
+    files = {*kept, steps}  # last.ckpt stands for the final step's periodic one
+    assert len(files) <= 2, (experiment, sorted(files))

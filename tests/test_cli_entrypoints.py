@@ -57,6 +57,9 @@ def test_train_py_runs_and_reports_where_outputs_went(tmp_path, env):
         assert (out / name).exists(), name
     assert f"outputs: {out}" in proc.stdout  # where everything went: stdout, not stderr
     assert f"outputs: {out}" not in proc.stderr
+    # what the run chose, once: smoke asks for trainer=cpu, attn=auto picks sdpa there
+    assert proc.stdout.count("device: CPU, precision 32-true, attention sdpa (auto)") == 1
+    assert not (out / "train.log").exists()  # nothing was logged: Hydra's log file is never opened
     assert "GPU available" not in proc.stderr + proc.stdout and "TPU available" not in proc.stderr
     summary = json.loads((out / "run.json").read_text())
     assert summary["steps"] == 3 and summary["policy"] == "bestfit" and summary["attn"] == "sdpa"
@@ -70,7 +73,7 @@ def test_train_py_bad_config_exits_2_with_the_fix(tmp_path, env):
         env,
     )
     assert proc.returncode == 2
-    assert "attn=varlen runs only on CUDA" in proc.stderr and "attn=sdpa" in proc.stderr
+    assert "attn=varlen needs a CUDA GPU" in proc.stderr and "attn=auto" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -87,10 +87,11 @@ def test_train_py_composition_errors_are_one_line_exit_2_and_make_no_directory(t
         "train.min_lr_ratio=-1": "error: train.min_lr_ratio=-1.0 must be in [0.0, 1.0]",
         "attn=flex": "error: attn=flex cannot train on CPU",  # the backend check comes before Lightning too
     }
-    if not torch.cuda.is_available():  # and the device check
+    if not torch.cuda.is_available():  # and the device checks (the default trainer=auto is the CPU here)
         cases["trainer=gpu"] = (
-            "error: trainer.accelerator=gpu but this machine has no CUDA device; use trainer=cpu"
+            "error: trainer.accelerator=gpu but this machine has no CUDA device; use trainer=auto"
         )
+        cases["attn=varlen"] = "error: attn=varlen needs a CUDA GPU (the flash varlen kernel)"
     for override, says in cases.items():
         run = tmp_path / override.replace("=", "-")
         proc = _train_py(override, f"hydra.run.dir={run}")

@@ -81,7 +81,7 @@ def test_wandb_offline_run_logs_config_group_and_tags(offline_env):
     # Offline runs keep everything in the run's .wandb record file (synced later with `wandb sync`).
     records = next(runs[0].glob("*.wandb")).read_bytes()
     assert b"train/padding_waste" in records and b"val/loss" in records  # metrics
-    assert b"policy:bestfit" in records and b"attn:auto" in records  # tags
+    assert b"policy:bestfit" in records and b"attn:sdpa" in records  # tags (the resolved backend)
     assert b"smoke-wandb" in records  # group (the experiment) and the resolved config
 
 

@@ -1,4 +1,5 @@
-"""The README's commands, pasted in order into a fresh clone, work.
+"""The README's commands, and then those of the docs pages (DOC_PAGES, in that order), pasted in order
+into a fresh clone, work.
 
 A bash block preceded by `<!-- readme-test: run -->` is run; `<!-- readme-test: run, tiny: K=V ... -->`
 adds each override to every `python train.py` line of the block that does not set that key itself,
@@ -23,6 +24,18 @@ REPO = Path(__file__).resolve().parents[1]
 MARKER = re.compile(
     r"<!-- readme-test: run(?:, tiny: (?P<tiny>[^>]*?))? -->\n```bash\n(?P<body>.*?)\n```", re.S
 )
+
+
+DOC_PAGES = ("setup", "data", "training", "policies", "checkpoints", "cluster", "configuration", "layout")
+"""docs/<page>.md, in the order their blocks run after the README's (data before training: its
+inspect-data block; checkpoints after the demo and the training runs it evaluates)."""
+README_LINES = 200  # a first read: what it is, the commands, links; the rest lives in docs/
+
+
+def documented_text(root: Path) -> str:
+    """The README, then every docs page, as one text whose marked blocks run in order."""
+    pages = [root / "README.md", *(root / "docs" / f"{page}.md" for page in DOC_PAGES)]
+    return "\n".join(page.read_text() for page in pages)
 
 
 @dataclass
@@ -55,12 +68,39 @@ def tiny_command(command: str, tiny: list[str]) -> str:
 
 
 def test_the_readme_marks_its_runnable_blocks():
-    blocks = readme_blocks((REPO / "README.md").read_text())
+    blocks = readme_blocks(documented_text(REPO))
     commands = [line for block in blocks for line in block.commands]
     assert [c.split(" #")[0].strip() for c in commands[:2]] == ["make train", "source .venv/bin/activate"]
     assert any(c.startswith("pretrain inspect-data") for c in commands)
     assert any(c.startswith("pretrain eval outputs/demo/latest/") for c in commands)
     assert not any("pip install" in c or "experiment=corrected" in c for c in commands)  # never downloads
+
+
+def test_the_readme_fits_a_first_read_and_links_every_docs_page():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= README_LINES
+    for page in (*DOC_PAGES, "config"):
+        assert f"](docs/{page}.md)" in readme, page
+    first = [line.split(" #")[0].strip() for block in readme_blocks(readme) for line in block.commands]
+    assert first[:2] == ["make train", "source .venv/bin/activate"]
+    assert "python train.py data=bestfit attn=varlen" in readme  # the headline command on a GPU
+    assert "make sweep" in readme and "make test" in readme and "pretrain compare" in readme
+
+
+def test_the_docs_links_point_at_files_that_exist():
+    for page in [REPO / "README.md", *(REPO / "docs" / f"{name}.md" for name in DOC_PAGES)]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target:
+                continue
+            assert (page.parent / target).exists(), (page.name, target)
+
+
+def test_every_python_train_line_of_the_docs_says_its_cost():
+    """Every example says its cost on 2 cores: each runnable python train.py / make line has a comment."""
+    for block in readme_blocks(documented_text(REPO)):
+        for command in block.commands:
+            if command.startswith(("python train.py", "make ")):
+                assert " # " in command, command
 
 
 def test_tiny_overrides_fill_only_the_keys_a_line_leaves_open():
@@ -80,7 +120,7 @@ def test_every_marked_readme_command_works_in_a_fresh_clone(tmp_path):
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True, timeout=120)
     (clone / ".venv").symlink_to(Path(sys.prefix))  # this environment: nothing is installed
     script = ["set -euo pipefail"]
-    for block in readme_blocks((clone / "README.md").read_text()):
+    for block in readme_blocks(documented_text(clone)):
         for command in block.commands:
             line = tiny_command(command, block.tiny)
             script += [f"echo {shlex.quote('$ ' + line)}", line]

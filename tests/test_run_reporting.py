@@ -219,3 +219,21 @@ def _random_batch(seed: int):
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, 50256, size=40).astype(np.uint16)
     return gather_packed(tokens, np.array([0, 20]), np.array([12, 10]), np.array([2]), 32)
+
+
+def test_scoring_progress_never_repeats_a_line_and_counts_on_over_sets():
+    """The closing line is printed only when it says something new (no second `3/3` under the bar);
+    a mixture's validation sets share one count."""
+    import io
+
+    from pretrain.evaluate import ScoringProgress
+
+    stream = io.StringIO()
+    progress = ScoringProgress("validation", every=0.0, stream=stream)
+    for done in (1, 2):
+        progress.update(done)
+    progress.close(2)  # the heartbeat already said 2
+    progress.update(1)  # the second set's first batch: 3 in all
+    progress.close(1)
+    said = [line.split(",")[0] for line in stream.getvalue().splitlines()]
+    assert said == ["validation: 1 batches", "validation: 2 batches", "validation: 3 batches"]

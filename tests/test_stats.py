@@ -409,5 +409,14 @@ def test_the_leak_warning_names_the_documents_and_where_every_id_is():
     stats = inspect_split(make_cfg("bestfit", "data.max_seq_len=64"), train, validation)
     assert stats["verbatim_leak_ids"] == [ids[0], ids[4]]  # the planted window and the whole copy
     (warning,) = stats_warnings(stats)
-    assert f"ids {ids[0][:12]}, {ids[4][:12]};" in warning
+    assert f"ids {ids[0][:12]}, {ids[4][:12]} (every id" in warning
     assert "verbatim_leak_ids in the JSON of inspect-data output=FILE" in warning
+
+
+def test_the_leak_warning_says_what_it_means_and_how_to_act():
+    (one,) = stats_warnings({"verbatim_leaks": 1, "verbatim_leak_ids": ["ab" * 32]})
+    assert one.startswith("WARNING: 1 validation document shares a 64-token passage with a train document")
+    assert "memorisation" in one and "deduplicate or drop" in one and "split.seed" in one
+    assert "abababababab" in one and "\n" not in one
+    (two,) = stats_warnings({"verbatim_leaks": 2, "verbatim_leak_ids": ["a" * 64, "b" * 64]})
+    assert two.startswith("WARNING: 2 validation documents share")

@@ -77,11 +77,12 @@ def test_resume_twice_equals_uninterrupted_run(tmp_path, cache_root, policy):
     train(compose(first, *common), callbacks=[StopAfter(4)])
     second = tmp_path / "second"
     train(
-        compose(second, *common, f"ckpt_path={first / 'checkpoints' / 'step000004.ckpt'}"),
+        # last.ckpt: step 4's checkpoint (no second file for one step)
+        compose(second, *common, f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"),
         callbacks=[StopAfter(8)],
     )
     third = tmp_path / "third"
-    train(compose(third, *common, f"ckpt_path={second / 'checkpoints' / 'step000008.ckpt'}"))
+    train(compose(third, *common, f"ckpt_path={second / 'checkpoints' / 'last.ckpt'}"))
 
     want = read_batches(full)
     got = read_batches(first)[:4] + read_batches(second)[:4] + read_batches(third)

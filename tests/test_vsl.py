@@ -324,7 +324,7 @@ def test_training_resumes_through_a_checkpoint_with_the_same_updates_and_losses(
     full, first, second = tmp_path / "full", tmp_path / "first", tmp_path / "second"
     train(compose(full))
     train(compose(first), callbacks=[StopAfter(3)])
-    train(compose(second, f"ckpt_path={first / 'checkpoints' / 'step000003.ckpt'}"))
+    train(compose(second, f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"))
 
     want = read_batches(full)
     got = read_batches(first)[:3] + read_batches(second)

@@ -298,7 +298,7 @@ class ModelConfig:
 @dataclass
 class TrainerConfig:
     accelerator: str = MISSING
-    """Lightning accelerator: cpu, gpu or auto"""
+    """Lightning accelerator: cpu, gpu or auto (a CUDA GPU when there is one, else the CPU)"""
     devices: Any = MISSING
     """Lightning devices: a count, -1 for all, or a list of indices"""
     num_nodes: int = 1
@@ -306,7 +306,8 @@ class TrainerConfig:
     strategy: str = MISSING
     """Lightning strategy: auto, ddp, fsdp"""
     precision: str = MISSING
-    """Lightning precision: 32-true, bf16-mixed, 16-mixed"""
+    """Lightning precision: 32-true, bf16-mixed, 16-mixed or auto (bf16-mixed on a GPU, fp16 before
+    Ampere; 32-true on the CPU)"""
     peak_tflops: float | None = None
     """one device's peak TFLOP/s for train/mfu; null = looked up for known GPUs (no MFU on CPU)"""
 
@@ -405,8 +406,9 @@ class TrainConfig:
     """validation microbatches per rank; null = the whole validation split"""
     checkpoint_every_n_steps: int | None = 100
     """save a checkpoint every N optimizer steps; null = only last.ckpt at the end"""
-    keep_checkpoints: int | None = 3
-    """periodic checkpoints kept (the newest N by step) besides last.ckpt; null = keep every one"""
+    keep_checkpoints: int | None = 2
+    """periodic checkpoints kept, the newest N by step; last.ckpt is always kept and stands for the final
+    step's (no two files for one step); null = keep every one"""
     log_every_n_steps: int = 5
     """write metrics every N optimizer steps (validation steps always)"""
     deterministic: bool = False

@@ -54,6 +54,14 @@ def _group_options(found: list[str]) -> list[str]:
     return sorted(option for option in found if not option.endswith("_schema"))
 
 
+def hide_schema_options(line: str) -> str:
+    """A `group: a, a_schema, b` line of Hydra's --help without the schema options; others unchanged."""
+    group, sep, options = line.partition(": ")
+    if not sep or " " in group or "_schema" not in options:
+        return line
+    return f"{group}: {', '.join(_group_options(options.split(', ')))}"
+
+
 def describe(error: BaseException) -> str:
     """The error's message in one line; Hydra's "Error merging override k=v" also gets its cause's
     first line, and an unknown group option (`data=foo`) lists the options."""

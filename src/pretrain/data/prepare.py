@@ -72,6 +72,11 @@ def _reuse(spec: CacheSpec) -> Cache | None:
 
 def _build(spec: CacheSpec, *, progress: bool) -> Cache:
     key, root, directory = spec.key, spec.root, spec.directory
+    if not root.exists():  # e.g. a run started from another directory: say why it tokenizes anew
+        _log(
+            f"note: new cache root {root} (a relative cache_root is under the working directory); "
+            "to reuse another cache, run from its project or set cache_root=DIR (or PRETRAIN_CACHE_ROOT)"
+        )
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as error:

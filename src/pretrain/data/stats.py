@@ -226,10 +226,14 @@ def stats_warnings(stats: dict) -> list[str]:
         named = ", ".join(i[:12] for i in ids[:LEAK_IDS_NAMED]) + (
             ", ..." if len(ids) > LEAK_IDS_NAMED else ""
         )
+        count = stats["verbatim_leaks"]
+        documents = "1 validation document shares" if count == 1 else f"{count} validation documents share"
         lines.append(
-            f"WARNING: {stats['verbatim_leaks']} validation documents share a {LEAK_WINDOW}-token window "
-            f"with a train document (verbatim leak): ids {named}; every id: verbatim_leak_ids in the "
-            "JSON of inspect-data output=FILE"
+            f"WARNING: {documents} a {LEAK_WINDOW}-token passage with a train document (a verbatim leak, "
+            "e.g. repeated boilerplate or a quoted text): val/loss on it partly measures memorisation; a few "
+            "among many validation documents barely move val/loss, and to remove them deduplicate or drop "
+            f"those texts in the source or try another split.seed; ids {named} (every id: verbatim_leak_ids "
+            "in the JSON of inspect-data output=FILE)"
         )
     return lines
 

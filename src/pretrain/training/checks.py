@@ -3,6 +3,7 @@ to change. (Types, ranges and unknown keys are the schema's: pretrain.config.)""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -20,17 +21,47 @@ PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16, "fp16": torch.f
 DATAMODULE_STATE = "PretrainDataModule"  # Lightning saves a datamodule's state under its class name
 
 
+AUTO = "auto"
+FLASH_CAPABILITY = (8, 0)  # the flash varlen kernel and native bf16: Ampere and later
+
+
+def _cuda_capability() -> tuple[int, int]:
+    major, minor = torch.cuda.get_device_capability(0)
+    return int(major), int(minor)
+
+
 def training_device(trainer: TrainerConfig) -> str:
     accelerator = str(trainer.accelerator)
-    if accelerator == "auto":
+    if accelerator == AUTO:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if accelerator in {"gpu", "cuda"}:
         if not torch.cuda.is_available():
             raise ConfigError(
-                f"trainer.accelerator={accelerator} but this machine has no CUDA device; use trainer=cpu"
+                f"trainer.accelerator={accelerator} but this machine has no CUDA device; use trainer=auto "
+                "(the CPU here) or trainer=cpu"
             )
         return "cuda"
     return "cpu"
+
+
+def resolve_trainer(trainer: TrainerConfig) -> TrainerConfig:
+    """`trainer=auto` made concrete for this machine: accelerator gpu with bf16-mixed (16-mixed before
+    Ampere) when CUDA is there, else cpu with 32-true; explicit values are kept (precision=auto alone
+    follows the device). Lightning and every later check see only concrete values."""
+    device = training_device(trainer)
+    accelerator = str(trainer.accelerator)
+    if accelerator == AUTO:
+        accelerator = "gpu" if device == "cuda" else "cpu"
+    precision = str(trainer.precision)
+    if precision == AUTO:
+        precision = (
+            "32-true"
+            if device == "cpu"
+            else "bf16-mixed"
+            if _cuda_capability() >= FLASH_CAPABILITY
+            else "16-mixed"
+        )
+    return replace(trainer, accelerator=accelerator, precision=precision)
 
 
 def compute_dtype(trainer: TrainerConfig) -> torch.dtype:
@@ -42,11 +73,42 @@ def compute_dtype(trainer: TrainerConfig) -> torch.dtype:
 
 
 def attention_backend(attn: AttnConfig, trainer: TrainerConfig) -> str:
-    """The backend the run will use; an explicit one that cannot run here is an error, never a swap."""
+    """The backend the run will use; an explicit one that cannot run here is an error, never a swap.
+    `attn=auto` picks varlen on an Ampere-or-later GPU (the flash kernel's floor), sdpa elsewhere."""
+    trainer = resolve_trainer(trainer)
     device = training_device(trainer)
     requested = str(attn.backend)
+    if requested == "varlen" and device != "cuda":
+        if torch.cuda.is_available():  # a GPU is here, but the run was told to train on the CPU
+            raise ConfigError(
+                f"attn=varlen needs a CUDA GPU and trainer.accelerator={trainer.accelerator} trains on the "
+                "CPU: use trainer=auto (or trainer=gpu), or attn=sdpa for a CPU run"
+            )
+        raise ConfigError(
+            "attn=varlen needs a CUDA GPU (the flash varlen kernel) and this machine has none: "
+            "run it on a GPU box, or use attn=auto (sdpa here)"
+        )
+    if requested == AUTO and device == "cuda" and _cuda_capability() < FLASH_CAPABILITY:
+        requested = "sdpa"
     check_backend(requested, device, compute_dtype(trainer), training=True)
     return resolve_backend(requested, device)
+
+
+def device_line(attn: AttnConfig, requested: TrainerConfig, backend: str) -> str:
+    """What the run chose, in one line: device, precision and attention backend, `(auto)` where the
+    config left the choice to this machine."""
+    trainer = resolve_trainer(requested)
+    if training_device(trainer) == "cuda":
+        where = f"GPU {torch.cuda.get_device_name(0)} (devices={trainer.devices})"
+    else:
+        where = "CPU"
+
+    def auto(value: str, asked: object) -> str:
+        return f"{value} (auto)" if str(asked) == AUTO else value
+
+    precision = auto(str(trainer.precision), requested.precision)
+    backend = auto(backend, attn.backend)
+    return f"device: {auto(where, requested.accelerator)}, precision {precision}, attention {backend}"
 
 
 def check_checkpoint(

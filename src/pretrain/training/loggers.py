@@ -37,6 +37,7 @@ from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from ..config import Config, LoggerConfig
+from .checks import attention_backend
 from .metrics_file import FILE_NAME, STEP, MetricsFile
 from .run_record import load_run, run_numbers
 
@@ -194,7 +195,7 @@ def build_loggers(config: Config, output_dir: Path) -> list[Logger]:
         tags = [
             *logger.tags,
             f"policy:{config.data.policy}",
-            f"attn:{config.attn.backend}",
+            f"attn:{attention_backend(config.attn, config.trainer)}",  # the resolved one, never attn:auto
             f"model:{config.model.name}",
         ]
         loggers.append(

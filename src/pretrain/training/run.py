@@ -37,7 +37,7 @@ from ..fileio import write_text_atomic
 from ..model import GPTConfig
 from .checkpoint_io import RecordedModelCheckpoint, VerifiedCheckpointIO, raise_failed_save
 from .checkpoints import AUTO, newest_valid_checkpoint, remove_killed_writes, write_record
-from .checks import attention_backend, check_checkpoint, launch_world_size
+from .checks import attention_backend, check_checkpoint, device_line, launch_world_size, resolve_trainer
 from .datamodule import PretrainDataModule
 from .loggers import DataStatistics, MetricsStart, build_loggers, finish_loggers
 from .module import PretrainModule
@@ -117,6 +117,7 @@ class RunSettings:
     mixture: MixtureSpec | None  # the components' caches, when the run mixes corpora
     attn_backend: str  # resolved: `auto` is never passed down
     output_dir: Path
+    device_line: str = ""  # what trainer=auto / attn=auto chose, said once the run starts
 
     @classmethod
     def from_config(cls, cfg: DictConfig | Config) -> RunSettings:
@@ -125,6 +126,8 @@ class RunSettings:
         config = to_config(cfg)
         policy = PolicySettings.from_config(config.data, config.train, config.seed)
         backend = attention_backend(config.attn, config.trainer)
+        chosen = device_line(config.attn, config.trainer, backend)  # before auto is replaced below
+        config = replace(config, trainer=resolve_trainer(config.trainer))  # Lightning sees concrete values
         model = GPTConfig.from_settings(config.model)
         warn_if_slow_on_cpu(config, model, policy)  # e.g. model=gpt2-small on trainer=cpu
         if config.model.init_from and not config.ckpt_path:
@@ -136,7 +139,7 @@ class RunSettings:
             mixture.check_policy(policy.policy)
         cache = CacheSpec.from_config(config) if mixture is None else mixture.components[0].cache
         output_dir = _output_dir(config.output_dir)
-        run = cls(config, policy, model, cache, mixture, backend, output_dir)
+        run = cls(config, policy, model, cache, mixture, backend, output_dir, chosen)
         if config.ckpt_path != AUTO:  # auto: chosen once the run directory is locked (resolve_auto)
             check_checkpoint(
                 config.ckpt_path,
@@ -205,7 +208,7 @@ def _writable_checkpoint_dir(directory: Path) -> None:
 
 
 def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
-    t, trainer = config.train, config.trainer
+    t, trainer = config.train, resolve_trainer(config.trainer)  # trainer=auto: concrete for Lightning
     every = t.checkpoint_every_n_steps or 0
     # Periodic checkpoints: the newest train.keep_checkpoints (ranked by step); last.ckpt is written
     # by train() when the run ends or is preempted. A stale file of the same name is replaced.
@@ -254,6 +257,18 @@ def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
     # handler would end the run mid-epoch with exit 0 (SIGTERMException).
     lightning_trainer._signal_connector.register_signal_handlers = lambda: None  # type: ignore[method-assign]
     return lightning_trainer
+
+
+def remove_same_step(trainer: L.Trainer, last: Path) -> None:
+    """A periodic checkpoint saved at the final step holds what last.ckpt holds: removed (with its
+    record) once last.ckpt is written and checked, so no two checkpoint files share a step."""
+    callback = trainer.checkpoint_callback
+    if not isinstance(callback, RecordedModelCheckpoint) or callback.dirpath is None:
+        return
+    same = Path(callback.dirpath) / f"step{trainer.global_step:06d}.ckpt"
+    if same != last and (same.exists() or same.is_dir()):
+        trainer.strategy.remove_checkpoint(same)  # rank zero only; VerifiedCheckpointIO drops the record
+        callback.best_k_models.pop(str(same), None)
 
 
 class Preemption(L.Callback):
@@ -381,6 +396,8 @@ def _trained(output_dir: Path) -> bool:
 
 def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None) -> dict:
     config, output_dir = run.config, run.output_dir
+    if _is_rank_zero():  # the device, precision and attention backend, in one line on stdout
+        print(run.device_line, flush=True)
     L.seed_everything(config.seed, workers=True, verbose=False)
     datamodule = PretrainDataModule(run.cache, run.policy, run.mixture)
     module = PretrainModule(
@@ -415,6 +432,7 @@ def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None
         raise_failed_save(trainer, last)  # with several ranks: rank 0's failure stops every one
         if trainer.is_global_zero and last.is_dir():  # sharded FSDP: a manifest of its files
             write_record(last)
+        remove_same_step(trainer, last)
     except Interrupted as error:
         if error.abort:  # a second Ctrl-C: no checkpoint, no report
             raise

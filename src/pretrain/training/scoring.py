@@ -30,6 +30,8 @@ class ScoringProgress:
         self.started = time.perf_counter()
         self.next_line = self.started + every
         self.printed = False
+        self.said: int | None = None  # the count the last line gave: the closing line never repeats it
+        self.base = 0  # batches of the sets scored before (a mixture's validation sets share one count)
 
     def _say(self, done: int) -> None:
         of = f"/{self.total}" if self.total is not None else ""
@@ -38,15 +40,17 @@ class ScoringProgress:
             f"{self.label}: {done}{of} batches, {seconds:.0f} s", file=self.stream or sys.stderr, flush=True
         )
         self.printed = True
+        self.said = done
 
     def update(self, done: int) -> None:
         if time.perf_counter() >= self.next_line:
-            self._say(done)
+            self._say(self.base + done)
             self.next_line = time.perf_counter() + self.every
 
     def close(self, done: int) -> None:
-        if self.printed:
-            self._say(done)
+        self.base += done
+        if self.printed and self.said != self.base:
+            self._say(self.base)
 
 
 # Upper bounds (exclusive) of the position buckets; the last bucket is open.
