@@ -95,7 +95,7 @@ def fragmented_documents(plan: EpochPlan, documents: int) -> float:
             return _fragmented_by_extremes(layout.doc, unit, holds, documents)
         every_row = laid_out == len(table)
     if not every_row:  # only the rows laid out (data.long_docs=truncate: first chunks only)
-        present = row_unit >= 0
+        present = np.greater_equal(row_unit, 0)
         doc, row_unit = doc[present], row_unit[present]
     cut = (doc[1:] == doc[:-1]) & (row_unit[1:] != row_unit[:-1])
     return float(len(sorted_unique(doc[1:][cut])) / documents)
