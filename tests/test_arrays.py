@@ -1,15 +1,15 @@
-"""The sort- and merge-based set helpers (arrays.py) give numpy's set functions' results exactly,
-and the planners and audits built on them are unchanged: concat windows, the fragmented-documents
-audit and the leak check against their np.union1d / np.unique / np.isin forms."""
+"""The sort-based set helpers (arrays.py) give numpy's set functions' results exactly, and the
+planners and audits rewritten in linear or sort time (issue 33) are unchanged: concat windows, the
+fragmented-documents audit and the leak check against their np.union1d / np.unique / np.isin forms."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pretrain.arrays import member_of_sorted, merge_unique, prefix_sums, sorted_unique
+from pretrain.arrays import member_of_sorted, prefix_sums, sorted_unique
 from pretrain.data.audit import fragmented_documents
-from pretrain.data.chunking import chunk_table
+from pretrain.data.chunking import ChunkTable, chunk_table
 from pretrain.data.packing import concat_windows
 from pretrain.data.policies import EpochPlan, bestfit_layout, firstfit_layout, shuffled
 from pretrain.data.policies.layout import chunk_layout
@@ -26,33 +26,60 @@ def test_the_set_helpers_are_numpys_set_functions(size, dtype):
     values = rng.integers(0, max(size // 3, 1) + 1, size).astype(dtype)  # many repeats
     assert sorted_unique(values).dtype == np.unique(values).dtype
     np.testing.assert_array_equal(sorted_unique(values), np.unique(values))
-    a = np.sort(values)
     b = np.sort(rng.integers(0, size + 2, size // 2 + 1).astype(dtype))
-    np.testing.assert_array_equal(merge_unique(a, b), np.union1d(a, b))
-    np.testing.assert_array_equal(merge_unique(a[:0], b), np.union1d(a[:0], b))
     np.testing.assert_array_equal(member_of_sorted(values, np.unique(b)), np.isin(values, b))
     np.testing.assert_array_equal(member_of_sorted(values, b[:0]), np.zeros(size, dtype=bool))
 
 
-def _old_concat_bounds(offsets, lengths, capacity):
-    """concat_windows' piece starts as np.union1d made them."""
+def _old_concat_windows(offsets, lengths, capacity, max_inputs=None):
+    """concat_windows as it was: np.union1d of the starts, searchsorted for documents and windows."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    truncated = np.zeros(len(lengths), dtype=bool)
+    if max_inputs is not None:
+        truncated = lengths - 1 > max_inputs
+        lengths = np.where(truncated, max_inputs, lengths)
     doc_start = prefix_sums(lengths)
-    inputs = int(doc_start[-1]) - 1
-    return np.union1d(
-        np.arange(0, inputs, capacity, dtype=np.int64), doc_start[(doc_start > 0) & (doc_start < inputs)]
-    )
+    inputs = max(int(doc_start[-1]) - (0 if len(lengths) and truncated[-1] else 1), 0)
+    window_start = np.arange(0, inputs, capacity, dtype=np.int64)
+    bounds = np.union1d(window_start, doc_start[(doc_start > 0) & (doc_start < inputs)])
+    piece_end = np.append(bounds[1:], inputs)
+    doc = np.searchsorted(doc_start, bounds, side="right") - 1
+    window = bounds // capacity
+    ptr = np.searchsorted(window, np.arange(len(window_start) + 1), side="left").astype(np.int64)
+    return {
+        "start": offsets[doc] + (bounds - doc_start[doc]),
+        "length": piece_end - bounds,
+        "doc": doc,
+        "ends_document": (piece_end == doc_start[doc + 1]) & ~truncated[doc],
+        "ptr": ptr,
+    }
 
 
-@pytest.mark.parametrize("capacity", [2, 7, 64, 2048])
-def test_concat_windows_cut_where_the_union_of_window_and_document_starts_cuts(capacity):
-    lengths = fineweb_like_lengths(5000, seed=capacity)
-    lengths[::7] = 2  # short documents: several starts in one window
-    offsets = prefix_sums(lengths)[:-1] + 11
-    windows = concat_windows(offsets, lengths, capacity)
-    bounds = _old_concat_bounds(offsets, lengths, capacity)
-    doc_start = prefix_sums(lengths)
-    np.testing.assert_array_equal(windows.start, offsets[windows.doc] + bounds - doc_start[windows.doc])
-    np.testing.assert_array_equal(np.cumsum(windows.length), np.append(bounds[1:], doc_start[-1] - 1))
+@pytest.mark.parametrize("capacity", [2, 3, 7, 64, 2048])
+@pytest.mark.parametrize("max_inputs", [None, 5, 300])
+def test_concat_windows_are_the_union1d_windows(capacity, max_inputs):
+    """The linear construction cuts exactly where np.union1d's did, every field bit for bit, also
+    where document starts fall on window starts (EOS-only and two-token documents, capacity 2)."""
+    rng = np.random.default_rng(capacity)
+    for lengths in (
+        fineweb_like_lengths(5000, seed=capacity),
+        rng.integers(1, 4, 3000),  # many starts per window, many on window starts
+        np.array([1]),
+        np.array([2]),
+        np.array([capacity + 1, capacity, 1, 2 * capacity + 1]),
+        np.array([3000]),
+    ):
+        lengths = np.asarray(lengths, dtype=np.int64)
+        offsets = prefix_sums(lengths)[:-1] + 11
+        got = concat_windows(offsets, lengths, capacity, max_inputs)
+        want = _old_concat_windows(offsets, lengths, capacity, max_inputs)
+        if not want["length"].size:
+            assert len(got) == 0
+            continue
+        for field, array in want.items():
+            np.testing.assert_array_equal(getattr(got, field), array, err_msg=field)
+            assert getattr(got, field).dtype == array.dtype, field
 
 
 def _old_fragmented(plan: EpochPlan, documents: int) -> float:
@@ -75,9 +102,28 @@ def test_fragmented_documents_is_the_distinct_units_count_of_every_layout():
         layouts = {
             "bestfit": bestfit_layout(table, order, 64),
             "firstfit": firstfit_layout(table, order, 8),
+            "half the chunks": bestfit_layout(table, order[: len(order) // 2], 64),  # as truncate lays out
             "one chunk per unit": chunk_layout(table, order, np.arange(len(table) + 1)),
             "concat": load_or_build_packs(split, table, "concat"),
             "bfd": load_or_build_packs(split, table, "bfd"),
+            # rows laid out twice (a mixture's repeats): some single-chunk documents in two units
+            "repeats": chunk_layout(
+                table,
+                np.concatenate([order, order[:500]]),
+                np.append(np.arange(0, len(order) + 500, 4), len(order) + 500),
+            ),
+            # a table whose rows do not ascend by document (a mixture's planned epoch)
+            "planned table": bestfit_layout(
+                ChunkTable(
+                    doc=table.doc[order],
+                    start=table.start[order],
+                    length=table.length[order],
+                    max_seq_len=capacity,
+                    planned=True,
+                ),
+                np.arange(len(table), dtype=np.int32),
+                64,
+            ),
         }
         for name, layout in layouts.items():
             plan = EpochPlan(layout, None, 1, 0, 0)

@@ -247,3 +247,27 @@ def test_checkpoint_from_another_model_or_context_is_refused(tmp_path, cache_roo
         train(compose(tmp_path / "c", f"ckpt_path={ckpt}", "model.n_layer=2"))
     with pytest.raises(ValueError, match="cache"):
         train(compose(tmp_path / "d", f"ckpt_path={ckpt}", "split.seed=7"))
+
+
+@pytest.mark.parametrize(("every", "validated"), [(2, [2, 4]), (3, [3, 4])])
+def test_the_last_step_validates_once_whether_or_not_it_is_a_validation_step(
+    tmp_path, cache_root, monkeypatch, every, validated
+):
+    """Validation runs in the step that reaches train.max_steps (for the final val/loss) and at
+    every val_every_n_steps; a last step that is both validates once, and nothing validates after
+    training."""
+    from pretrain.training.module import PretrainModule
+
+    steps: list[int] = []
+    original = PretrainModule.validation_metrics
+
+    def counted(self):
+        steps.append(int(self.trainer.global_step))
+        return original(self)
+
+    monkeypatch.setattr(PretrainModule, "validation_metrics", counted)
+    out = tmp_path / "run"
+    summary = train(compose(out, "train.max_steps=4", f"train.val_every_n_steps={every}"))
+    assert steps == validated
+    assert sorted(read_metrics(out)["val/loss"]) == validated
+    assert summary["metrics"]["val/loss"] == read_metrics(out)["val/loss"][4]
