@@ -157,14 +157,14 @@ PACKING_FIGURES = re.compile(
 )
 
 
-def test_the_readme_packing_figures_are_the_packing_benchmarks():
-    """The fill figures the README quotes (first fit, best fit, BFD on the FineWeb-like lengths) are
-    bench/results/packing.json's, rounded as quoted: `make bench` is their source."""
+def test_the_docs_packing_figures_are_the_packing_benchmarks():
+    """The fill figures the docs quote (docs/data.md: first fit, best fit, BFD on the FineWeb-like
+    lengths) are bench/results/packing.json's, rounded as quoted: `make bench` is their source."""
     import json
 
-    text = " ".join((REPO / "README.md").read_text().split())
+    text = " ".join((REPO / "docs" / "data.md").read_text().split())
     match = PACKING_FIGURES.search(text)
-    assert match, "the README's first-fit/best-fit/BFD fill sentence"
+    assert match, "docs/data.md's first-fit/best-fit/BFD fill sentence"
     result = json.loads((REPO / "bench" / "results" / "packing.json").read_text())
     assert int(match["capacity"]) == result["settings"]["capacity"]
     measured = result["datasets"]["synth"]["utilization"]  # lognormal(6, 1): the FineWeb-like lengths
