@@ -85,7 +85,8 @@ study: install
 	$(PY) train.py --multirun experiment=composition_study progress_bar=false $(STUDY_ARGS) \
 		hydra.sweep.dir=$(STUDY_DIR) 'hydra.sweep.subdir=$${hydra:runtime.choices.study_arm}-seed$${seed}'
 	ln -sfn $(notdir $(STUDY_DIR)) outputs/composition_study/latest
-	$(VENV)/bin/pretrain compare $(STUDY_DIR) --reference padded --output $(STUDY_DIR)/compare.png
+	$(VENV)/bin/pretrain compare $(STUDY_DIR) --reference 'padded batch_size=12' --no-timing \
+		--output $(STUDY_DIR)/compare.png
 	@echo "study:      $(STUDY_DIR) (also outputs/composition_study/latest/)"
 	@echo "comparison: $(STUDY_DIR)/compare.png  $(STUDY_DIR)/compare.md"
 

@@ -49,11 +49,11 @@ def test_comma_lists_expand_in_hydras_order():
 
 def test_an_experiments_sweeper_params_are_expanded_and_the_command_line_wins():
     jobs = sweep_jobs(["experiment=composition_study"])
-    assert jobs is not None and len(jobs) == 21  # 3 seeds x 7 arms
+    assert jobs is not None and len(jobs) == 24  # 3 seeds x 8 arms
     assert jobs[0].swept == ["seed=0", "study_arm=padded"]
     assert jobs[-1].swept == ["seed=2", "study_arm=vsl"]
-    jobs = sweep_jobs(["experiment=composition_study", "seed=7"])  # one seed: 7 jobs
-    assert jobs is not None and len(jobs) == 7
+    jobs = sweep_jobs(["experiment=composition_study", "seed=7"])  # one seed: 8 jobs
+    assert jobs is not None and len(jobs) == 8
     assert all("seed=7" in job.overrides for job in jobs)
 
 
