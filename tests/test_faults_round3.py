@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import cli, fileio
@@ -77,8 +78,9 @@ def test_a_fresh_run_into_another_runs_checkpoints_is_refused_and_start_over_rep
     )
     assert summary["steps"] == 1
     names = sorted(p.name for p in (run / "checkpoints").glob("*.ckpt"))
-    assert names == ["last.ckpt", "step000001.ckpt"]
-    assert "step000002.ckpt" not in names  # the other run's newer step would have been resumed
+    # the new run's step 1 is last.ckpt alone (never two files for one step); the other run's are gone
+    assert names == ["last.ckpt"]
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 1
     with pytest.raises(ConfigError, match="start_over=true deletes .* choose one of them"):
         train(compose(run, "start_over=true", "ckpt_path=auto"))
 

@@ -228,7 +228,7 @@ def test_bad_configs_fail_before_heavy_work(tmp_path, cache_root):
         "data.max_seq_len=4097": "data.max_seq_len",
         "data.max_seq_len=1": "data.max_seq_len",
         "train.microbatch_tokens=1024": "set only one of train.batch_size and train.microbatch_tokens",
-        "attn=varlen": "attn=sdpa",
+        "attn=varlen": "attn=varlen needs a CUDA GPU",
         "attn=flex": "attn=sdpa",
     }
     for override, message in cases.items():
