@@ -26,7 +26,17 @@ MARKER = re.compile(
 )
 
 
-DOC_PAGES = ("setup", "data", "training", "policies", "checkpoints", "cluster", "configuration", "layout")
+DOC_PAGES = (
+    "setup",
+    "data",
+    "training",
+    "statistics",
+    "policies",
+    "checkpoints",
+    "cluster",
+    "configuration",
+    "layout",
+)
 """docs/<page>.md, in the order their blocks run after the README's (data before training: its
 inspect-data block; checkpoints after the demo and the training runs it evaluates)."""
 README_LINES = 200  # a first read: what it is, the commands, links; the rest lives in docs/
