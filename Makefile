@@ -99,7 +99,7 @@ study-masking: install
 	$(PY) train.py --multirun experiment=masking_paired progress_bar=false $(STUDY_ARGS) \
 		hydra.sweep.dir=$(MASKING_DIR) 'hydra.sweep.subdir=mask$${data.document_mask}-seed$${seed}'
 	ln -sfn $(notdir $(MASKING_DIR)) outputs/masking_paired/latest
-	$(VENV)/bin/pretrain compare $(MASKING_DIR) --reference 'prepacked document_mask=true strategy=concat' \
+	$(VENV)/bin/pretrain compare $(MASKING_DIR) --reference 'prepacked document_mask=false' \
 		--no-timing --output $(MASKING_DIR)/compare.png
 
 gpu-check: install
