@@ -92,7 +92,7 @@ study: install
 
 # The paired masking study (experiment=masking_paired, issue 29): prepacked concat with and without the
 # document mask, 4 paired seeds, 300 updates with a cosine decay, then `pretrain compare` (paired t).
-# About 35 minutes on 2 idle cores (8 runs).
+# About 25 minutes on 2 idle cores (8 runs).
 MASKING_DIR := outputs/masking_paired/$(shell date +%Y-%m-%d_%H-%M-%S)
 
 study-masking: install
