@@ -22,13 +22,12 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from pretrain.arrays import prefix_sums
 from pretrain.data import audit
 from pretrain.data.chunking import chunk_table
-from pretrain.data.packing import Windows
 from pretrain.data.policies import (
     BestfitConfig,
     BestfitPolicy,
@@ -42,6 +41,9 @@ from pretrain.data.policies import (
 )
 from pretrain.data.synthetic import fineweb_like_lengths
 from pretrain.data.tokens import TokenSplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers.reference import union1d_concat_windows, unique_fragmented  # noqa: E402  the tests' reference
 
 NAME = "planning"
 CHUNKS = 10_000_000
@@ -76,47 +78,6 @@ def _cpu(call, rounds: int = ROUNDS):
     return best, result
 
 
-def _old_concat_windows(offsets, lengths, capacity, max_inputs=None) -> Windows:
-    """concat_windows before issue 33: np.union1d of the window and document starts (numpy 2.4
-    hashes), then searchsorted for each piece's document and each window's first piece."""
-    offsets = np.asarray(offsets, dtype=np.int64)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    truncated = np.zeros(len(lengths), dtype=bool)
-    if max_inputs is not None:
-        truncated = lengths - 1 > max_inputs
-        lengths = np.where(truncated, max_inputs, lengths)
-    doc_start = prefix_sums(lengths)
-    inputs = max(int(doc_start[-1]) - (0 if len(lengths) and truncated[-1] else 1), 0)
-    window_start = np.arange(0, inputs, capacity, dtype=np.int64)
-    bounds = np.union1d(window_start, doc_start[(doc_start > 0) & (doc_start < inputs)])
-    piece_end = np.append(bounds[1:], inputs)
-    doc = np.searchsorted(doc_start, bounds, side="right") - 1
-    window = bounds // capacity
-    ptr = np.searchsorted(window, np.arange(len(window_start) + 1), side="left").astype(np.int64)
-    return Windows(
-        start=offsets[doc] + (bounds - doc_start[doc]),
-        length=piece_end - bounds,
-        doc=doc,
-        ends_document=(piece_end == doc_start[doc + 1]) & ~truncated[doc],
-        ptr=ptr,
-    )
-
-
-def _old_fragmented(plan: EpochPlan, documents: int) -> float:
-    """fragmented_documents before issue 33: np.unique over (document, unit) keys."""
-    layout = plan.layout
-    if not documents or not len(layout):
-        return 0.0
-    unit = np.repeat(np.arange(len(layout), dtype=np.int64), np.diff(layout.ptr))
-    pairs = layout.length.astype(np.int64)
-    if layout.ends_document is not None:
-        pairs = pairs - layout.ends_document
-    holds = pairs > 0
-    keys = np.unique(layout.doc[holds].astype(np.int64) * len(layout) + unit[holds])
-    units_per_document = np.bincount(keys // len(layout), minlength=documents)
-    return float(np.count_nonzero(units_per_document > 1) / documents)
-
-
 def measure(chunks: int = CHUNKS) -> dict:
     split = _split(_lengths(chunks))
     table = chunk_table(split.offsets, split.lengths, CAPACITY)
@@ -131,7 +92,7 @@ def measure(chunks: int = CHUNKS) -> dict:
     bfd_seconds, _ = _cpu(lambda: bfd.layout(split, table, rng, None))
     concat_seconds, layout = _cpu(lambda: concat.layout(split, table, rng, None))
     new_windows = packs.concat_windows
-    packs.concat_windows = _old_concat_windows  # as before: np.union1d, then searchsorted
+    packs.concat_windows = union1d_concat_windows  # as before: np.union1d, then searchsorted
     try:
         before_seconds, before = _cpu(lambda: concat.layout(split, table, rng, None), rounds=1)
     finally:
@@ -155,7 +116,7 @@ def measure(chunks: int = CHUNKS) -> dict:
     for name, (policy, plan) in plans.items():
         after, numbers = _cpu(lambda: audit.audit_plan(policy, split, plan))  # noqa: B023
         new = audit.fragmented_documents
-        audit.fragmented_documents = _old_fragmented
+        audit.fragmented_documents = unique_fragmented
         try:
             before_audit, old_numbers = _cpu(lambda: audit.audit_plan(policy, split, plan), rounds=1)  # noqa: B023
         finally:

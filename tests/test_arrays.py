@@ -4,8 +4,11 @@ fragmented-documents audit and the leak check against their np.union1d / np.uniq
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 import pytest
+from helpers.reference import union1d_concat_windows, unique_fragmented
 
 from pretrain.arrays import member_of_sorted, prefix_sums, sorted_unique
 from pretrain.data.audit import fragmented_documents
@@ -31,31 +34,6 @@ def test_the_set_helpers_are_numpys_set_functions(size, dtype):
     np.testing.assert_array_equal(member_of_sorted(values, b[:0]), np.zeros(size, dtype=bool))
 
 
-def _old_concat_windows(offsets, lengths, capacity, max_inputs=None):
-    """concat_windows as it was: np.union1d of the starts, searchsorted for documents and windows."""
-    offsets = np.asarray(offsets, dtype=np.int64)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    truncated = np.zeros(len(lengths), dtype=bool)
-    if max_inputs is not None:
-        truncated = lengths - 1 > max_inputs
-        lengths = np.where(truncated, max_inputs, lengths)
-    doc_start = prefix_sums(lengths)
-    inputs = max(int(doc_start[-1]) - (0 if len(lengths) and truncated[-1] else 1), 0)
-    window_start = np.arange(0, inputs, capacity, dtype=np.int64)
-    bounds = np.union1d(window_start, doc_start[(doc_start > 0) & (doc_start < inputs)])
-    piece_end = np.append(bounds[1:], inputs)
-    doc = np.searchsorted(doc_start, bounds, side="right") - 1
-    window = bounds // capacity
-    ptr = np.searchsorted(window, np.arange(len(window_start) + 1), side="left").astype(np.int64)
-    return {
-        "start": offsets[doc] + (bounds - doc_start[doc]),
-        "length": piece_end - bounds,
-        "doc": doc,
-        "ends_document": (piece_end == doc_start[doc + 1]) & ~truncated[doc],
-        "ptr": ptr,
-    }
-
-
 @pytest.mark.parametrize("capacity", [2, 3, 7, 64, 2048])
 @pytest.mark.parametrize("max_inputs", [None, 5, 300])
 def test_concat_windows_are_the_union1d_windows(capacity, max_inputs):
@@ -73,25 +51,14 @@ def test_concat_windows_are_the_union1d_windows(capacity, max_inputs):
         lengths = np.asarray(lengths, dtype=np.int64)
         offsets = prefix_sums(lengths)[:-1] + 11
         got = concat_windows(offsets, lengths, capacity, max_inputs)
-        want = _old_concat_windows(offsets, lengths, capacity, max_inputs)
-        if not want["length"].size:
+        want = union1d_concat_windows(offsets, lengths, capacity, max_inputs)
+        if not want.length.size:
             assert len(got) == 0
             continue
-        for field, array in want.items():
-            np.testing.assert_array_equal(getattr(got, field), array, err_msg=field)
-            assert getattr(got, field).dtype == array.dtype, field
-
-
-def _old_fragmented(plan: EpochPlan, documents: int) -> float:
-    """The audit's np.unique form: distinct (document, unit) keys counted per document."""
-    layout = plan.layout
-    unit = np.repeat(np.arange(len(layout), dtype=np.int64), np.diff(layout.ptr))
-    pairs = layout.length.astype(np.int64)
-    if layout.ends_document is not None:
-        pairs = pairs - layout.ends_document
-    holds = pairs > 0
-    keys = np.unique(layout.doc[holds].astype(np.int64) * len(layout) + unit[holds])
-    return float(np.count_nonzero(np.bincount(keys // len(layout), minlength=documents) > 1) / documents)
+        for field in fields(want):
+            array = getattr(want, field.name)
+            np.testing.assert_array_equal(getattr(got, field.name), array, err_msg=field.name)
+            assert getattr(got, field.name).dtype == array.dtype, field.name
 
 
 def test_fragmented_documents_is_the_distinct_units_count_of_every_layout():
@@ -128,7 +95,7 @@ def test_fragmented_documents_is_the_distinct_units_count_of_every_layout():
         for name, layout in layouts.items():
             plan = EpochPlan(layout, None, 1, 0, 0)
             got = fragmented_documents(plan, len(split))
-            assert got == _old_fragmented(plan, len(split)), name
+            assert got == unique_fragmented(plan, len(split)), name
             if name != "one chunk per unit":  # a chunk of a long document per unit: some
                 assert 0.0 < got < 1.0, name
 

@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -163,6 +164,10 @@ def common_reach(runs: list[Run], attribute: str) -> float:
     return min(reached, default=math.nan)
 
 
+COUNTED: dict[str, Any] = {"fmt": "{:,.0f}", "diff_fmt": "{:+,.0f}"}
+"""How counts (updates, tokens, tokens/s) are printed: whole numbers with thousands separators."""
+
+
 def metrics(
     runs: list[Run],
     at_tokens: float | None = None,
@@ -216,27 +221,24 @@ def metrics(
             )
             for key in component_losses(runs)
         ],
-        Metric("updates (optimizer steps)", updates, fmt="{:,.0f}", diff_fmt="{:+,.0f}", missing="no step"),
+        Metric("updates (optimizer steps)", updates, missing="no step", **COUNTED),
         Metric(
             "real training tokens",
             lambda run: run.last("train/tokens"),
-            fmt="{:,.0f}",
-            diff_fmt="{:+,.0f}",
+            **COUNTED,
             missing="no train/tokens",
         ),
         Metric(
             "computed tokens (real + padding: the compute paid)",
             computed_tokens,
-            fmt="{:,.0f}",
-            diff_fmt="{:+,.0f}",
+            **COUNTED,
             missing="no train/tokens or train/padding_waste",
         ),
         Metric(
             "real tokens/s (real tokens / training seconds)",
             lambda run: run_numbers(run)["tokens_per_sec"],
             timed=True,
-            fmt="{:,.0f}",
-            diff_fmt="{:+,.0f}",
+            **COUNTED,
             missing="no train/tokens_per_sec",
         ),
         Metric(
