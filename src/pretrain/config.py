@@ -276,6 +276,18 @@ class ModelConfig:
     """a local Hugging Face GPT-2 directory (config.json + model.safetensors) to start training from"""
     extend_positions: bool = False
     """init_from: allow data.max_seq_len past its position table (extra positions start fresh)"""
+    arch: str = "gpt2"
+    """the architecture: gpt2 (learned positions, LayerNorm, GELU) or llama (RoPE, RMSNorm, SwiGLU)"""
+    n_kv_head: int | None = None
+    """llama: key/value heads for grouped-query attention (n_head must be a multiple); null = n_head"""
+    d_ff: int | None = None
+    """llama: the SwiGLU hidden width; null = 8/3 x d_model rounded up to a multiple of 64"""
+    rope_theta: float = 10000.0
+    """llama: the RoPE base"""
+    norm_eps: float = 1e-5
+    """llama: the RMSNorm epsilon"""
+    tie_embeddings: bool = True
+    """llama: share the token embedding with the output head (GPT-2 always does)"""
 
     def __post_init__(self) -> None:
         # The one place for the model's range errors (GPTConfig only asserts them as invariants).
@@ -288,11 +300,46 @@ class ModelConfig:
             )
         if _is_set(self.dropout) and not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout!r} must be in [0, 1)")
+        self._check_architecture()
         if _is_set(self.vocab_size) and self.vocab_size < GPT2_VOCAB_SIZE:
             raise ConfigError(
                 f"model.vocab_size={self.vocab_size!r} must be >= {GPT2_VOCAB_SIZE}: the GPT-2 tokenizer's "
                 f"ids go up to {GPT2_VOCAB_SIZE - 1} (a larger value pads the embedding, e.g. 50304)"
             )
+
+    def _check_architecture(self) -> None:
+        """The options each architecture (model.arch) has; the other's are refused, not ignored."""
+        if self.arch not in ("gpt2", "llama"):
+            raise ConfigError(f"model.arch={self.arch!r} is not an architecture: use gpt2 or llama")
+        if self.arch == "gpt2":
+            if not self.tie_embeddings:
+                raise ConfigError("model.tie_embeddings=false needs model.arch=llama: GPT-2 ties its head")
+            llama_only = {"n_kv_head": None, "d_ff": None, "rope_theta": 10000.0, "norm_eps": 1e-5}
+            changed = [key for key, default in llama_only.items() if getattr(self, key) != default]
+            if changed:
+                raise ConfigError(
+                    f"model.{changed[0]} is a llama option (model.arch=gpt2 here): pick a model=llama-* size"
+                )
+            return
+        if self.bias:
+            raise ConfigError("model.bias=true: a llama model has no biases; set model.bias=false")
+        if _is_set(self.n_head) and self.n_kv_head is not None:
+            _at_least("model.n_kv_head", self.n_kv_head, 1)
+            if self.n_head % self.n_kv_head:
+                raise ConfigError(
+                    f"model.n_head={self.n_head} must be a multiple of model.n_kv_head={self.n_kv_head}: "
+                    "each key/value head serves n_head / n_kv_head query heads"
+                )
+        if self.d_ff is not None:
+            _at_least("model.d_ff", self.d_ff, 1)
+        if _is_set(self.d_model) and _is_set(self.n_head) and (self.d_model // self.n_head) % 2:
+            raise ConfigError(
+                f"model.d_model / model.n_head = {self.d_model // self.n_head} must be even: RoPE rotates "
+                "channel pairs"
+            )
+        for key in ("rope_theta", "norm_eps"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"model.{key}={getattr(self, key)!r} must be > 0")
 
 
 @dataclass

@@ -27,7 +27,7 @@ from .data.tokenizer import token_byte_lengths
 from .data.tokens import TokenSplit
 from .errors import CheckpointError, ConfigError
 from .hf import check_weight_shapes, model_weights
-from .model import GPT, GPTConfig
+from .model import Decoder, build_model, config_from_dict
 from .model.attention import check_backend
 from .training.scoring import ScoringProgress, score_batches
 
@@ -48,10 +48,10 @@ class Evaluation:
 
 
 def evaluate(
-    model: GPT, split: TokenSplit, settings: PolicySettings, token_bytes, progress: bool = False
+    model: Decoder, split: TokenSplit, settings: PolicySettings, token_bytes, progress: bool = False
 ) -> Evaluation:
     """Score every prediction pair of `split` (float64 sums, whatever the model's dtype)."""
-    device = model.wte.weight.device
+    device = next(model.parameters()).device
     table = split_chunks(split, settings.max_seq_len)
     units = evaluation_units(settings, table)
     total = -(-(len(units[1]) - 1) // settings.eval_batch_size)
@@ -152,7 +152,7 @@ def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict
     checkpoint = load_trainer_checkpoint(path)  # its record compared first, then weights_only
     config = saved_config(checkpoint, overrides)
     settings = PolicySettings.from_config(config.data, config.train, config.seed)
-    gpt_config = GPTConfig(**checkpoint["hyper_parameters"]["model"])
+    gpt_config = config_from_dict(checkpoint["hyper_parameters"]["model"])
     if settings.max_seq_len > gpt_config.max_seq_len:
         raise ConfigError(
             f"data.max_seq_len={settings.max_seq_len} exceeds the model's {gpt_config.max_seq_len} positions"
@@ -163,7 +163,7 @@ def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict
     backend = check_backend(str(config.attn.backend), device, dtype, training=False)
     weights = model_weights(checkpoint)
     check_weight_shapes(weights, gpt_config, str(path))
-    model = GPT(gpt_config, attn=backend, attn_compile=config.attn.compile)
+    model = build_model(gpt_config, attn=backend, attn_compile=config.attn.compile)
     model.load_state_dict(weights)
     mixture = MixtureSpec.from_config(config)
     specs = (

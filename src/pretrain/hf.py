@@ -1,4 +1,5 @@
-"""Hugging Face round trip: export a checkpoint as a `GPT2LMHeadModel` directory, start training from one.
+"""Hugging Face round trip: export a checkpoint as a `GPT2LMHeadModel` directory, start training from one
+(a Llama checkpoint as a `LlamaForCausalLM` directory: its mapping and checks are hf_llama.py's).
 
 The model is GPT-2 exactly (tanh GELU = `gelu_new`, LayerNorm eps 1e-5, tied head); only the layout
 differs: GPT-2's Conv1D stores linear weights as (in, out) where `nn.Linear` has (out, in), and its
@@ -20,10 +21,12 @@ from pathlib import Path
 
 import torch
 
+from . import hf_llama
 from .errors import CheckpointError, ConfigError, WriteError
 from .fileio import process_alive
-from .model import GPTConfig
-from .model.gpt import GPT
+from .gpt2 import EOS_TOKEN_ID
+from .model import Decoder, GPTConfig, LlamaConfig, ModelSettings, build_model, config_from_dict
+from .model.llama import Llama
 
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 HF_BUFFERS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers older transformers saved
@@ -76,12 +79,12 @@ def model_weights(checkpoint: dict) -> dict[str, torch.Tensor]:
     }
 
 
-def check_weight_shapes(weights: dict[str, torch.Tensor], model: GPTConfig, where: str) -> None:
+def check_weight_shapes(weights: dict[str, torch.Tensor], model: ModelSettings, where: str) -> None:
     """The checkpoint's weights fit `model` tensor by tensor (a file whose settings match can still hold
     another shape): refused in one line naming the tensor and both shapes, not a load_state_dict
     traceback. The model is built on the meta device (no memory)."""
     with torch.device("meta"):
-        expected = GPT(model, attn="sdpa").state_dict()
+        expected = build_model(model, attn="sdpa").state_dict()
     for name, tensor in expected.items():
         have = weights.get(name)
         if have is None:
@@ -121,7 +124,7 @@ def gpt2_config(model: GPTConfig) -> dict:
     }
 
 
-def _model_card(checkpoint: dict, hparams: dict) -> str:
+def _model_card(checkpoint: dict, hparams: dict, architecture: str = "GPT2LMHeadModel") -> str:
     extra = checkpoint.get("pretrain", {})
     config = hparams.get("run_config") or {}
     identity = hparams.get("cache_identity")
@@ -135,11 +138,12 @@ def _model_card(checkpoint: dict, hparams: dict) -> str:
         ("cache key", hparams.get("cache_key")),
     ]
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
+    tag, title = ("gpt2", "GPT-2") if architecture == "GPT2LMHeadModel" else ("llama", "A Llama-style model")
     return (
-        "---\nlibrary_name: transformers\npipeline_tag: text-generation\ntags: [gpt2, pretrain]\n---\n\n"
-        "# GPT-2 trained with pretrain\n\n"
-        "Exported by `pretrain export`: load it with `transformers.GPT2LMHeadModel.from_pretrained` and\n"
-        "`AutoTokenizer.from_pretrained` (the GPT-2 tokenizer files its cache was built with).\n\n"
+        f"---\nlibrary_name: transformers\npipeline_tag: text-generation\ntags: [{tag}, pretrain]\n---\n\n"
+        f"# {title} trained with pretrain\n\n"
+        f"Exported by `pretrain export`: load it with `transformers.{architecture}.from_pretrained` and\n"
+        "`AutoTokenizer.from_pretrained` (the tokenizer files its cache was built with).\n\n"
         "| what | value |\n|---|---|\n"
         f"{table}\n\n"
         "## Cache identity\n\n```json\n"
@@ -199,25 +203,34 @@ def export(checkpoint_path: Path | str, output: Path | str) -> Path:
 
     output = check_export_output(output)
     try:
+        import transformers
         from safetensors import SafetensorError
         from safetensors.torch import save_file
-        from transformers import GPT2Config
     except ImportError as error:
         raise _missing_extra(error) from error
     checkpoint = load_trainer_checkpoint(checkpoint_path)
     hparams = checkpoint["hyper_parameters"]
-    model = GPTConfig(**hparams["model"])
-    config = gpt2_config(model)
-    weights = to_hf_state_dict(model_weights(checkpoint))
+    model = config_from_dict(hparams["model"])
+    hf_config: transformers.PretrainedConfig
+    if isinstance(model, LlamaConfig):
+        architecture = "LlamaForCausalLM"
+        hf_config = transformers.LlamaConfig(
+            **hf_llama.llama_config(model, eos_token_id(hparams)), architectures=[architecture]
+        )
+        weights = hf_llama.to_hf_state_dict(model_weights(checkpoint))
+    else:
+        architecture = "GPT2LMHeadModel"
+        hf_config = transformers.GPT2Config(**gpt2_config(model), architectures=[architecture])
+        weights = to_hf_state_dict(model_weights(checkpoint))
     remove_stale_dirs(output.parent)
     tmp = output.with_name(f".{output.name}.{os.getpid()}.export")
     try:
         tmp.mkdir()
-        GPT2Config(**config, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp)
+        hf_config.save_pretrained(tmp)
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         os.chmod(tmp / "model.safetensors", 0o644)  # safetensors creates it 0600; the others are 0644
         _write_tokenizer(tmp, hparams, model.max_seq_len)
-        (tmp / "README.md").write_text(_model_card(checkpoint, hparams))
+        (tmp / "README.md").write_text(_model_card(checkpoint, hparams, architecture))
         if output.exists():
             output.rmdir()
         os.rename(tmp, output)
@@ -244,28 +257,37 @@ def remove_stale_dirs(folder: Path) -> None:
 # --- import (model.init_from) -------------------------------------------------------------------
 
 
-def read_hf_config(directory: Path | str) -> dict:
+def read_hf_config(directory: Path | str, model_type: str = "gpt2") -> dict:
+    name = "GPT-2" if model_type == "gpt2" else "Llama"
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise ConfigError(
-            f"model.init_from={directory}: no config.json there (give a Hugging Face GPT-2 directory)"
+            f"model.init_from={directory}: no config.json there (give a Hugging Face {name} directory)"
         )
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ConfigError(
             f"model.init_from={directory}: config.json cannot be read ({error}); give a Hugging Face "
-            "GPT-2 directory"
+            f"{name} directory"
         ) from None
     if not isinstance(config, dict):
         raise ConfigError(f"model.init_from={directory}: config.json is not a JSON object")
-    if config.get("model_type", "gpt2") != "gpt2":
-        raise ConfigError(f"model.init_from={directory} holds a {config.get('model_type')} model, not GPT-2")
+    if config.get("model_type", "gpt2") != model_type:
+        sizes = "llama-*" if config.get("model_type") == "llama" else "tiny, gpt2-*"
+        raise ConfigError(
+            f"model.init_from={directory} holds a {config.get('model_type')} model, not {name}: pick a "
+            f"model= of its architecture ({sizes})"
+        )
     return config
 
 
-def check_init_from(directory: Path | str, model: GPTConfig, extend_positions: bool) -> dict:
+def check_init_from(directory: Path | str, model: ModelSettings, extend_positions: bool) -> dict:
     """Refuse, before any heavy work, a GPT-2 directory whose shape or options differ from `model`."""
+    if isinstance(model, LlamaConfig):
+        config = read_hf_config(directory, hf_llama.MODEL_TYPE)
+        hf_llama.check_llama_directory(config, model, f"model.init_from={directory}")
+        return config
     config = read_hf_config(directory)
     theirs = {
         "vocab_size": config.get("vocab_size"),
@@ -340,11 +362,13 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def init_from(model: GPT, directory: Path | str, extend_positions: bool = False) -> GPT:
+def init_from(model: Decoder, directory: Path | str, extend_positions: bool = False) -> Decoder:
     """Copy a Hugging Face GPT-2 directory's weights into `model` (positions past the directory's
     table, with `extend_positions`, keep the model's own initialisation)."""
     directory = Path(directory)
     check_init_from(directory, model.config, extend_positions)
+    if isinstance(model, Llama):
+        return _init_llama_from(model, directory)
     weights = from_hf_state_dict(_read_weights(directory))
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
@@ -372,3 +396,36 @@ def init_from(model: GPT, directory: Path | str, extend_positions: bool = False)
         flush=True,
     )
     return model
+
+
+@torch.no_grad()
+def _init_llama_from(model: Llama, directory: Path) -> Llama:
+    """Copy a LlamaForCausalLM directory's weights into our Llama (every tensor, same shapes)."""
+    weights = hf_llama.from_hf_state_dict(_read_weights(directory), model.config.tie_embeddings)
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    if missing or unexpected:
+        raise ConfigError(
+            f"model.init_from={directory}: weights do not match the Llama layout "
+            f"(missing {missing[:4]}, unexpected {unexpected[:4]})"
+        )
+    for key, value in weights.items():
+        if value.shape != own[key].shape:
+            raise ConfigError(
+                f"model.init_from={directory}: {key} is {tuple(value.shape)}, "
+                f"expected {tuple(own[key].shape)}"
+            )
+        own[key].copy_(value)
+    print(
+        f"model.init_from: loaded {len(weights)} tensors of {directory} "
+        f"({model.config.n_layer} layers, d_model {model.config.d_model}, Llama)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return model
+
+
+def eos_token_id(hparams: dict) -> int:
+    """The EOS id of the run's tokenizer, as its cache identity records it (GPT-2's when absent)."""
+    recorded = (hparams.get("cache_identity") or {}).get("tokenizer", {}).get("eos_token_id")
+    return int(recorded) if recorded is not None else EOS_TOKEN_ID

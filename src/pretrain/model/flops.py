@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import GPTConfig
+from .llama import LlamaConfig
 
 # bf16 dense peak TFLOP/s, matched as substrings of torch.cuda.get_device_name() (first match wins).
 PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
@@ -32,15 +33,17 @@ PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
-def parameter_count(config: GPTConfig) -> int:
+def parameter_count(config: GPTConfig | LlamaConfig) -> int:
     """Parameters that do matmul work per token: all but the position table (the head is tied)."""
+    if isinstance(config, LlamaConfig):
+        return config.parameter_count()
     d, layers = config.d_model, config.n_layer
     bias = 1 if config.bias else 0
     block = 12 * d * d + bias * (9 * d) + (4 if config.bias else 2) * d  # qkv, proj, mlp + biases, 2 LNs
     return config.vocab_size * d + layers * block + (2 if config.bias else 1) * d
 
 
-def training_flops(config: GPTConfig, segment_lengths: np.ndarray) -> float:
+def training_flops(config: GPTConfig | LlamaConfig, segment_lengths: np.ndarray) -> float:
     """Model FLOPs of one forward+backward over segments of these real lengths."""
     lengths = np.asarray(segment_lengths, dtype=np.float64)
     tokens = float(lengths.sum())

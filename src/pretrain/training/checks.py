@@ -13,7 +13,7 @@ from ..data.policies import PolicySettings
 from ..data.samplers import check_resume
 from ..errors import CheckpointError, ConfigError
 from ..hf import check_weight_shapes, model_weights
-from ..model import GPTConfig
+from ..model import ModelSettings, config_from_dict
 from ..model.attention import check_backend, resolve_backend
 from .checkpoints import load_checkpoint
 
@@ -114,7 +114,7 @@ def device_line(attn: AttnConfig, requested: TrainerConfig, backend: str) -> str
 def check_checkpoint(
     path: str | None,
     max_seq_len: int,
-    model: GPTConfig,
+    model: ModelSettings,
     cache_key: str,
     max_steps: int | None = None,
     verified: bool = False,
@@ -140,7 +140,7 @@ def check_checkpoint(
             f"the config says {max_seq_len}: resume with data.max_seq_len={saved.get('max_seq_len')}"
         )
     try:
-        have_model = GPTConfig(**saved.get("model", {}))
+        have_model = config_from_dict(saved.get("model", {}))
     except (TypeError, ValueError):
         have_model = None
     if have_model != model:

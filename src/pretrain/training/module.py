@@ -20,7 +20,7 @@ import torch
 from ..config import TrainConfig
 from ..data.audit import batch_attention_cost
 from ..data.batch import PackedBatch
-from ..model import GPT, GPTConfig
+from ..model import ModelSettings, build_model, config_from_dict
 from ..model.flops import peak_flops, training_flops
 from .scoring import ScoreSums, ScoringProgress, score_batches
 from .update import run_update
@@ -65,13 +65,14 @@ def machine_load() -> dict[str, float]:
 
 
 class PretrainModule(L.LightningModule):
-    """`model` and `train` are the run's GPTConfig and `train` group (or their dicts, as a checkpoint's
-    hyper-parameters hold them); `attn_backend` and `attn_compile` are `attn.backend` and `attn.compile`;
-    `run_config` (the resolved config) and `cache_identity` are recorded for eval and export."""
+    """`model` and `train` are the run's model config (GPTConfig or LlamaConfig) and `train` group (or
+    their dicts, as a checkpoint's hyper-parameters hold them); `attn_backend` and `attn_compile` are
+    `attn.backend` and `attn.compile`; `run_config` (the resolved config) and `cache_identity` are
+    recorded for eval and export."""
 
     def __init__(
         self,
-        model: GPTConfig | Mapping,
+        model: ModelSettings | Mapping,
         train: TrainConfig | Mapping,
         attn_backend: str,
         max_seq_len: int,
@@ -83,7 +84,7 @@ class PretrainModule(L.LightningModule):
         mixture_components: list[str] | None = None,
     ):
         super().__init__()
-        self.gpt_config = model if isinstance(model, GPTConfig) else GPTConfig(**model)
+        self.gpt_config = config_from_dict(model) if isinstance(model, Mapping) else model
         self.settings = train if isinstance(train, TrainConfig) else TrainConfig(**train)
         self.save_hyperparameters(
             {
@@ -102,7 +103,7 @@ class PretrainModule(L.LightningModule):
             }
         )
         self.automatic_optimization = False
-        self.model = GPT(self.gpt_config, attn=attn_backend, attn_compile=attn_compile)
+        self.model = build_model(self.gpt_config, attn=attn_backend, attn_compile=attn_compile)
         self.tokens_seen = 0  # real tokens trained on, all ranks; restored from the checkpoint
         # A mixture's real tokens per component, all ranks (train/tokens/<name>); checkpointed.
         self.component_names = list(mixture_components or [])

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from ..config import Config
 from ..data.policies import PolicySettings
-from ..model import GPTConfig
+from ..model import ModelSettings
 from ..model.flops import training_flops
 from .checks import training_device
 
@@ -87,14 +87,18 @@ def progress_callbacks(enabled: bool, every: int, interactive: bool | None = Non
     return [StepProgressBar()] if interactive else [TextProgress(every)]
 
 
-def step_flops(model: GPTConfig, policy: PolicySettings) -> float:
+def step_flops(model: ModelSettings, policy: PolicySettings) -> float:
     """Model FLOPs of one optimizer update at most: every row of every microbatch full."""
     rows = policy.batch_size * policy.accumulation
     return training_flops(model, np.full(rows, policy.max_seq_len))
 
 
 def cpu_speed_warning(
-    model: GPTConfig, name: str, policy: PolicySettings, max_steps: int, flops_per_second: float = CPU_FLOPS
+    model: ModelSettings,
+    name: str,
+    policy: PolicySettings,
+    max_steps: int,
+    flops_per_second: float = CPU_FLOPS,
 ) -> str | None:
     """One line when an update of this model would take more than SLOW_STEP_SECONDS on a CPU."""
     flops = step_flops(model, policy)
@@ -116,7 +120,7 @@ def cpu_speed_warning(
 
 
 @rank_zero_only
-def warn_if_slow_on_cpu(config: Config, model: GPTConfig, policy: PolicySettings) -> None:
+def warn_if_slow_on_cpu(config: Config, model: ModelSettings, policy: PolicySettings) -> None:
     """The run's entry calls this once, before anything is built (rank zero only)."""
     if training_device(config.trainer) != "cpu":
         return

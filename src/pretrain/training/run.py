@@ -34,7 +34,7 @@ from ..data.mixture import MixtureSpec
 from ..data.policies import PolicySettings
 from ..errors import CheckpointError, ConfigError, PretrainError, WriteError
 from ..fileio import write_text_atomic
-from ..model import GPTConfig
+from ..model import ModelSettings, config_from_settings
 from .checkpoint_io import RecordedModelCheckpoint, VerifiedCheckpointIO, raise_failed_save
 from .checkpoints import AUTO, newest_valid_checkpoint, remove_killed_writes, write_record
 from .checks import attention_backend, check_checkpoint, device_line, launch_world_size, resolve_trainer
@@ -112,7 +112,7 @@ class RunSettings:
 
     config: Config
     policy: PolicySettings
-    model: GPTConfig
+    model: ModelSettings
     cache: CacheSpec  # its identity hashes every local source file: computed here only
     mixture: MixtureSpec | None  # the components' caches, when the run mixes corpora
     attn_backend: str  # resolved: `auto` is never passed down
@@ -128,7 +128,7 @@ class RunSettings:
         backend = attention_backend(config.attn, config.trainer)
         chosen = device_line(config.attn, config.trainer, backend)  # before auto is replaced below
         config = replace(config, trainer=resolve_trainer(config.trainer))  # Lightning sees concrete values
-        model = GPTConfig.from_settings(config.model)
+        model = config_from_settings(config.model)
         warn_if_slow_on_cpu(config, model, policy)  # e.g. model=gpt2-small on trainer=cpu
         if config.model.init_from and not config.ckpt_path:
             from ..hf import check_init_from

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..data.batch import IGNORE_INDEX, PackedBatch
-from ..model import GPT
+from ..model import Decoder
 
 
 class ScoringProgress:
@@ -113,7 +113,7 @@ def _row_buckets(batch: PackedBatch, positions: np.ndarray) -> torch.Tensor:
 
 
 def score_batches(
-    model: GPT,
+    model: Decoder,
     batches: Iterable[PackedBatch],
     device: torch.device,
     progress: ScoringProgress | None = None,

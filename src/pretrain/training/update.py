@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..data.batch import PackedBatch
-from ..model import GPT
+from ..model import Decoder
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def _identity_sum(values: torch.Tensor) -> torch.Tensor:
 
 
 def run_update(
-    model: GPT,
+    model: Decoder,
     microbatches: Sequence[PackedBatch],
     *,
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,

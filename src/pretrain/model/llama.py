@@ -1,0 +1,255 @@
+"""A Llama-style decoder over the same flat, padding-free PackedBatch as GPT-2.
+
+RoPE (rotary positions from the batch's per-token `position_ids`, a configurable theta), RMSNorm,
+a SwiGLU MLP, grouped-query attention and an optionally tied head: transformers' LlamaForCausalLM
+layer for layer, with its parameter names (`embed_tokens`, `layers.N.self_attn.q_proj`, ...), so that
+the Hugging Face round trip (hf_llama.py) only adds the `model.` prefix.
+
+Attention goes through the same backends and per-batch `cu_seqlens` plan as GPT-2: the document
+boundaries come from the batch, the positions RoPE rotates by come from the batch too (they restart
+at 0 in every segment or continue across a pack, as `data.positions` says). Grouped-query attention
+keeps n_kv_head key/value projections and repeats each for its n_head / n_kv_head query heads before
+the backend (as transformers' `repeat_kv` does), so every backend sees plain (T, H, D) q/k/v.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.batch import PackedBatch
+from .attention import AttentionBackend, AttentionBatch, known_backend, select_backend
+from .loss import token_cross_entropy
+from .validation import check_batch
+
+ARCH = "llama"
+
+
+def default_d_ff(d_model: int) -> int:
+    """Llama's SwiGLU width: 8/3 x d_model (the parameters of a 4 x d_model GELU MLP), rounded up to a
+    multiple of 64."""
+    return -(-(8 * d_model) // (3 * 64)) * 64
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    d_model: int
+    max_seq_len: int  # the longest position the batches may hold (RoPE has no table; checked per batch)
+    n_kv_head: int  # key/value heads (grouped-query attention when < n_head)
+    d_ff: int  # SwiGLU hidden width (transformers' intermediate_size)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    dropout: float = 0.0  # residual dropout only (no attention-probability dropout: see gpt.py)
+    arch: str = ARCH  # what names this config in a checkpoint's hyper-parameters (GPT-2's has none)
+
+    def __post_init__(self) -> None:
+        sizes = {
+            name: getattr(self, name)
+            for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "n_kv_head", "d_ff")
+        }
+        if not all(isinstance(value, int) and value >= 1 for value in sizes.values()):
+            raise ValueError(f"LlamaConfig sizes must be positive integers, got {sizes}")
+        if self.d_model % self.n_head or self.n_head % self.n_kv_head or self.head_dim % 2:
+            raise ValueError(
+                f"LlamaConfig: d_model % n_head, n_head % n_kv_head and head_dim % 2 must be 0, got {self}"
+            )
+        if not self.rope_theta > 0 or not self.norm_eps > 0 or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LlamaConfig: rope_theta, norm_eps > 0 and dropout in [0, 1), got {self}")
+        if self.arch != ARCH:
+            raise ValueError(f"LlamaConfig.arch must be {ARCH!r}, got {self.arch!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @classmethod
+    def from_settings(cls, model) -> LlamaConfig:
+        """From the typed `model` config group; its null n_kv_head / d_ff take their defaults."""
+        values = {f.name: getattr(model, f.name) for f in fields(cls) if f.name != "arch"}
+        if values["n_kv_head"] is None:
+            values["n_kv_head"] = values["n_head"]
+        if values["d_ff"] is None:
+            values["d_ff"] = default_d_ff(values["d_model"])
+        return cls(**values)
+
+    def parameter_count(self) -> int:
+        """Parameters that do matmul work per token (a tied head counted once): for MFU (flops.py)."""
+        d, kv = self.d_model, self.n_kv_head * self.head_dim
+        block = 2 * d * d + 2 * d * kv + 3 * d * self.d_ff + 2 * d  # q, o, k, v, MLP, 2 norms
+        head = 0 if self.tie_embeddings else self.vocab_size * d
+        return self.vocab_size * d + head + self.n_layer * block + d
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def rope_cos_sin(
+    position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T, 1, head_dim) cos and sin of each token's rotation, computed in fp32 as transformers'
+    LlamaRotaryEmbedding (default rope type) does, then cast to the compute dtype."""
+    device = position_ids.device
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    freqs = torch.outer(position_ids.float(), inv_freq)  # each entry one fp32 product, as transformers'
+    angles = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (T, H, D) queries or keys (transformers' rotate_half layout: halves, not interleaved)."""
+    return x * cos + _rotate_half(x) * sin
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        kv_width = config.n_kv_head * config.head_dim
+        self.q_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+        self.k_proj = nn.Linear(config.d_model, kv_width, bias=False)
+        self.v_proj = nn.Linear(config.d_model, kv_width, bias=False)
+        self.o_proj = nn.Linear(config.d_model, config.d_model, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionBatch
+    ) -> torch.Tensor:
+        rows = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(rows, self.n_head, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(rows, self.n_kv_head, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(rows, self.n_kv_head, self.head_dim)
+        if self.n_kv_head != self.n_head:  # each kv head serves n_head / n_kv_head consecutive q heads
+            repeats = self.n_head // self.n_kv_head
+            k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+        return self.o_proj(meta.attend(q, k, v).reshape(rows, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.up_proj = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.down_proj = nn.Linear(config.d_ff, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+class RMSNorm(nn.Module):
+    """transformers' LlamaRMSNorm: normalised in fp32, scaled in the input dtype."""
+
+    def __init__(self, width: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.d_model, config.norm_eps)
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = LlamaMLP(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionBatch
+    ) -> torch.Tensor:
+        x = x + self.dropout(self.self_attn(self.input_layernorm(x), cos, sin, meta))
+        return x + self.dropout(self.mlp(self.post_attention_layernorm(x)))
+
+
+class Llama(nn.Module):
+    """A Llama-style decoder on PackedBatch; `attn` and `attn_compile` as GPT's (gpt.py)."""
+
+    def __init__(self, config: LlamaConfig, attn: str = "sdpa", attn_compile: bool | str = "auto"):
+        super().__init__()
+        self.config = config
+        self.attn_backend = known_backend(str(attn))
+        self.attn_compile = attn_compile
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layer))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = (
+            None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        )
+        for module in self.modules():
+            if isinstance(module, nn.Linear | nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        # As GPT-2: the residual projections scaled so the residual stream does not grow with depth.
+        for name, p in self.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The (vocab, d_model) output projection: the embedding when tied."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def num_parameters(self, exclude_position_embeddings: bool = False) -> int:
+        """Distinct parameters (a tied head counts once; RoPE has no position table to exclude)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def backend(self, device: torch.device | None = None) -> str:
+        return self._select_backend(device).name
+
+    def _select_backend(self, device: torch.device | None = None) -> AttentionBackend:
+        weight = self.embed_tokens.weight
+        device = weight.device if device is None else torch.device(device)
+        if device.type in ("cuda", "cpu") and torch.is_autocast_enabled(device.type):
+            dtype = torch.get_autocast_dtype(device.type)
+        else:
+            dtype = weight.dtype
+        training = torch.is_grad_enabled() and weight.requires_grad
+        return select_backend(self.attn_backend, device, dtype, training)
+
+    def hidden_states(self, batch: PackedBatch) -> torch.Tensor:
+        """(T, d_model) output of the final RMSNorm, one row per input row."""
+        device = self.embed_tokens.weight.device
+        backend = self._select_backend(device)  # before any compute: a backend that cannot run fails here
+        lengths = check_batch(batch, self.config.max_seq_len)
+        meta = backend.prepare(batch.cu_seqlens, lengths, device, self.attn_compile)
+        x = self.embed_tokens(batch.input_ids.to(device, non_blocking=True))
+        position_ids = batch.position_ids.to(device, non_blocking=True)
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else x.dtype
+        cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta)
+        return self.norm(x)
+
+    def forward(self, batch: PackedBatch) -> torch.Tensor:
+        """(T, vocab) logits."""
+        return F.linear(self.hidden_states(batch), self.head_weight)
+
+    def token_losses(self, batch: PackedBatch) -> torch.Tensor:
+        """(T,) next-token cross-entropy; 0 where the target is IGNORE_INDEX."""
+        targets = batch.targets.to(self.embed_tokens.weight.device, non_blocking=True)
+        return token_cross_entropy(self.hidden_states(batch), self.head_weight, targets)
+
+    def loss(self, batch: PackedBatch, denominator: int | float | torch.Tensor) -> torch.Tensor:
+        """Sum of token cross-entropy over counted targets divided by the caller's `denominator`."""
+        if not isinstance(denominator, torch.Tensor) and not denominator > 0:
+            raise ValueError(
+                f"loss denominator must be > 0 (e.g. the step's real targets), got {denominator!r}"
+            )
+        return self.token_losses(batch).sum() / denominator
