@@ -57,6 +57,8 @@ class TokenizerSource(StrEnum):
     bundled = "bundled"
     hub = "hub"
     files = "files"
+    file = "file"  # any Hugging Face fast tokenizer: a local tokenizer.json (data/tokenizer_json.py)
+    hub_file = "hub_file"  # a hub repository's tokenizer.json at the pinned revision
 
 
 class AttnBackend(StrEnum):
@@ -127,11 +129,16 @@ class TokenizerConfig:
     revision: str = MISSING
     """pinned hub revision of the tokenizer files"""
     source: TokenizerSource = TokenizerSource.bundled
-    """bundled (GPT-2's files shipped offline), hub (the pinned revision) or files"""
+    """GPT-2: bundled (its files shipped offline), hub (the pinned revision) or files; any Hugging Face
+    fast tokenizer: file (a local tokenizer.json) or hub_file (the repository's at the revision)"""
     vocab_file: str | None = None
     """source=files: encoder.json / vocab.json"""
     merges_file: str | None = None
     """source=files: vocab.bpe / merges.txt"""
+    file: str | None = None
+    """source=file: the tokenizer.json"""
+    eos_token: str | None = None
+    """source=file/hub_file: the EOS token's text; null = the one the files name"""
 
 
 # The split's defaults are the schema's; data/split.py reads them from here (config sits below data).
@@ -266,8 +273,8 @@ class ModelConfig:
     """residual width"""
     dropout: float = 0.0
     """embedding and residual dropout (attention has none: the kernels must be interchangeable)"""
-    vocab_size: int = GPT2_VOCAB_SIZE
-    """rows of the (tied) embedding"""
+    vocab_size: int | None = None
+    """rows of the embedding; null = the tokenizer's ids (GPT-2: 50257); larger pads it (e.g. 50304)"""
     bias: bool = True
     """biases in linear layers and LayerNorms (GPT-2 has them)"""
     max_seq_len: int = II("data.max_seq_len")
@@ -301,11 +308,8 @@ class ModelConfig:
         if _is_set(self.dropout) and not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model.dropout={self.dropout!r} must be in [0, 1)")
         self._check_architecture()
-        if _is_set(self.vocab_size) and self.vocab_size < GPT2_VOCAB_SIZE:
-            raise ConfigError(
-                f"model.vocab_size={self.vocab_size!r} must be >= {GPT2_VOCAB_SIZE}: the GPT-2 tokenizer's "
-                f"ids go up to {GPT2_VOCAB_SIZE - 1} (a larger value pads the embedding, e.g. 50304)"
-            )
+        if _is_set(self.vocab_size) and self.vocab_size is not None:
+            _at_least("model.vocab_size", self.vocab_size, 1)
 
     def _check_architecture(self) -> None:
         """The options each architecture (model.arch) has; the other's are refused, not ignored."""
@@ -564,6 +568,13 @@ class Config:
     """corpora mixed by token share (`mixture=<name>`); null = the one `source`"""
 
     def __post_init__(self) -> None:
+        vocab = self.model.vocab_size
+        gpt2_files = str(self.tokenizer.source) in ("bundled", "hub", "files")
+        if gpt2_files and _is_set(vocab) and vocab is not None and vocab < GPT2_VOCAB_SIZE:
+            raise ConfigError(
+                f"model.vocab_size={vocab!r} must be >= {GPT2_VOCAB_SIZE}: the GPT-2 tokenizer's "
+                f"ids go up to {GPT2_VOCAB_SIZE - 1} (a larger value pads the embedding, e.g. 50304)"
+            )
         if _is_set(self.seed) and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
             raise ConfigError(f"seed={self.seed!r} must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
         if self.start_over is True and self.ckpt_path is not None:

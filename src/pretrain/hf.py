@@ -153,23 +153,37 @@ def _model_card(checkpoint: dict, hparams: dict, architecture: str = "GPT2LMHead
 
 def _write_tokenizer(directory: Path, hparams: dict, max_length: int) -> None:
     from .config import TokenizerConfig
-    from .data.tokenizer import EOS_TEXT, build_tokenizer, resolve_files
+    from .data.tokenizer import EOS_TEXT, build_tokenizer
+    from .data.tokenizer_json import TokenizerJson, resolve_tokenizer
 
     saved = (hparams.get("run_config") or {}).get("tokenizer")
     if not saved:
         raise CheckpointError("the checkpoint does not record its tokenizer (written by an older pretrain)")
-    files = resolve_files(TokenizerConfig(**saved))
+    files = resolve_tokenizer(TokenizerConfig(**saved))
     recorded = (hparams.get("cache_identity") or {}).get("tokenizer", {}).get("content_sha256")
     if recorded and files.content_sha256() != recorded:
+        named = str(files.vocab) if isinstance(files, TokenizerJson) else f"{files.vocab}, {files.merges}"
         raise CheckpointError(
-            f"the tokenizer files {files.vocab}, {files.merges} are not those the cache was built with "
+            f"the tokenizer files {named} are not those the cache was built with "
             "(their content differs): give the original files with tokenizer.* overrides"
         )
+    if isinstance(files, TokenizerJson):
+        _write_tokenizer_json(directory, files, max_length)
+        return
     shutil.copyfile(files.vocab, directory / "vocab.json")
     shutil.copyfile(files.merges, directory / "merges.txt")
     build_tokenizer(files).save(str(directory / "tokenizer.json"))
     special = {"bos_token": EOS_TEXT, "eos_token": EOS_TEXT, "unk_token": EOS_TEXT}
     settings = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length, "add_prefix_space": False}
+    (directory / "tokenizer_config.json").write_text(json.dumps({**settings, **special}, indent=2) + "\n")
+    (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+
+
+def _write_tokenizer_json(directory: Path, files, max_length: int) -> None:
+    """A tokenizer.json run: the file itself, and the settings AutoTokenizer reads (its EOS)."""
+    shutil.copyfile(files.path, directory / "tokenizer.json")
+    special = {"eos_token": files.eos_text}
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length}
     (directory / "tokenizer_config.json").write_text(json.dumps({**settings, **special}, indent=2) + "\n")
     (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
@@ -427,5 +441,5 @@ def _init_llama_from(model: Llama, directory: Path) -> Llama:
 
 def eos_token_id(hparams: dict) -> int:
     """The EOS id of the run's tokenizer, as its cache identity records it (GPT-2's when absent)."""
-    recorded = (hparams.get("cache_identity") or {}).get("tokenizer", {}).get("eos_token_id")
+    recorded = (hparams.get("cache_identity") or {}).get("eos_token_id")
     return int(recorded) if recorded is not None else EOS_TOKEN_ID

@@ -128,9 +128,11 @@ def gather_padded(
     starts: np.ndarray,
     lengths: np.ndarray,
     row_width: int,
+    pad_token_id: int = PAD_TOKEN_ID,
 ) -> PackedBatch:
     """Padded rows (MiniMind style): row r holds `lengths[r]` real inputs from `starts[r]`, then pads
-    (input EOS, target IGNORE_INDEX) up to `row_width`. Pads are computed, so they stay in T."""
+    (input `pad_token_id`, the tokenizer's EOS; target IGNORE_INDEX) up to `row_width`. Pads are
+    computed, so they stay in T."""
     starts = np.asarray(starts, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     rows = len(lengths)
@@ -140,7 +142,7 @@ def gather_padded(
     real = col[None, :] < lengths[:, None]
     index = np.where(real, starts[:, None] + col[None, :], 0)
     # Cast before np.where: mixing uint32 tokens with -100 would wrap around.
-    input_ids = np.where(real, np.asarray(tokens[index], dtype=np.int64), PAD_TOKEN_ID)
+    input_ids = np.where(real, np.asarray(tokens[index], dtype=np.int64), pad_token_id)
     targets = np.where(real, np.asarray(tokens[index + 1], dtype=np.int64), IGNORE_INDEX)
     seg = np.full(rows, row_width, dtype=np.int64)
     return PackedBatch(

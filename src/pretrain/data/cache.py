@@ -44,7 +44,8 @@ from .files import (
 from .index import REBUILD_HINT, read_index, read_index_array
 from .prepare_settings import PrepareSettings
 from .sources import source_identity
-from .tokenizer import TokenizerFiles, resolve_files
+from .tokenizer import TokenizerFiles
+from .tokenizer_json import TokenizerJson, resolve_tokenizer
 from .tokens import EOS_TOKEN_ID, DocumentIds, TokenSplit
 from .writer import TOKEN_DTYPES, split_files
 
@@ -82,6 +83,8 @@ def _max_token_id(vocab: str, size: int, mtime_ns: int) -> int:
 
 def max_token_id(files: TokenizerFiles) -> int:
     """The largest id the tokenizer can produce: its vocabulary's, and EOS (added as a special token)."""
+    if isinstance(files, TokenizerJson):
+        return files.max_token_id()
     st = files.vocab.stat()
     return max(_max_token_id(str(files.vocab), st.st_size, st.st_mtime_ns), EOS_TOKEN_ID)
 
@@ -110,7 +113,10 @@ def cache_identity(
     budget: BudgetConfig,
     token_dtype: str = "uint32",
 ) -> dict:
-    """Everything that decides the cache's bytes, and nothing else."""
+    """Everything that decides the cache's bytes, and nothing else. A tokenizer.json adds its kind and
+    EOS text (GPT-2's identity keeps exactly its keys: its caches keep their keys)."""
+    json_file = tokenizer_files if isinstance(tokenizer_files, TokenizerJson) else None
+    extra = json_file.identity() if json_file else {}
     return {
         "format": FORMAT_VERSION,
         "source": source_identity(source),
@@ -119,11 +125,12 @@ def cache_identity(
             "revision": tokenizer.revision,
             # What makes the ids: other vocabulary or merges files must never reuse this cache.
             "content_sha256": tokenizer_files.content_sha256(),
+            **extra,
         },
         "split": {"seed": int(split.seed), "validation_fraction": float(split.validation_fraction)},
         "budget": {"train_tokens": budget.train_tokens, "validation_tokens": budget.validation_tokens},
         "dtype": token_dtype,
-        "eos_token_id": EOS_TOKEN_ID,
+        "eos_token_id": json_file.eos_token_id if json_file else EOS_TOKEN_ID,
     }
 
 
@@ -161,7 +168,7 @@ class CacheSpec:
         settings): the run's source, or a mixture component's (each its own identity and directory)."""
         root = cache_root(config.cache_root)
         verify = str(config.cache.verify)  # quick | full: the schema's enum refused anything else
-        tokenizer_files = resolve_files(config.tokenizer)
+        tokenizer_files = resolve_tokenizer(config.tokenizer)
         dtype = resolve_token_dtype(config.cache.token_dtype, tokenizer_files)
         identity = cache_identity(source, config.tokenizer, tokenizer_files, config.split, budget, dtype)
         return cls(
@@ -280,7 +287,10 @@ class Cache:
         dtype = self.token_dtype
         tokens = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
         ids = DocumentIds(self.directory / names["index"], documents)
-        return TokenSplit(tokens=tokens, offsets=offsets, lengths=lengths, ids=ids, name=name)
+        eos = int((self.manifest.get("identity") or {}).get("eos_token_id", EOS_TOKEN_ID))
+        return TokenSplit(
+            tokens=tokens, offsets=offsets, lengths=lengths, ids=ids, name=name, eos_token_id=eos
+        )
 
     def counts(self) -> dict:
         return {
@@ -515,7 +525,8 @@ def check_index(directory: Path, split: str, manifest: dict) -> None:
             problem = f"{names['index_npy']} does not agree with the JSONL index"
     if problem is None and len(lengths):
         tokens = np.memmap(directory / names["bin"], dtype=dtype, mode="r")
-        if not np.all(tokens[offsets + lengths - 1] == EOS_TOKEN_ID):
+        eos = (manifest.get("identity") or {}).get("eos_token_id", EOS_TOKEN_ID)
+        if not np.all(tokens[offsets + lengths - 1] == eos):
             problem = "a document does not end with EOS"
     if problem:
         raise CacheError(f"{index_path}: {problem}; {REBUILD_HINT}")

@@ -275,6 +275,7 @@ def mix_splits(
         lengths=lengths,
         ids=ConcatIds([s.ids for s in splits]),
         name=splits[0].name,
+        eos_token_id=splits[0].eos_token_id,  # one tokenizer for every component
     )
     repeat = tuple(int(r) for r in max_repeat) if max_repeat is not None else (1,) * len(splits)
     mixture = Mixture(

@@ -161,6 +161,8 @@ def _byte_decoder() -> dict[str, int]:
 def token_byte_lengths(files: TokenizerFiles, vocab_size: int) -> np.ndarray:
     """UTF-8 bytes each token id stands for (0 for special tokens such as EOS): byte-level BPE is
     lossless, so the bytes of a document's text are the sum over its tokens (bits per byte)."""
+    if hasattr(files, "token_byte_lengths"):  # a tokenizer.json (tokenizer_json.py): its own table
+        return files.token_byte_lengths(vocab_size)
     decoder = _byte_decoder()
     lengths = np.zeros(vocab_size, dtype=np.int64)
     for token, index in json.loads(Path(files.vocab).read_text(encoding="utf-8")).items():
@@ -222,6 +224,7 @@ class Encoder:
     """Document bodies to ids (no special tokens: a literal "<|endoftext|>" is text), as flat arrays."""
 
     name = "base"
+    eos_token_id = EOS_TOKEN_ID  # what closes each cached document
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(uint32 ids of all texts concatenated, int64 length of each)."""
@@ -289,6 +292,13 @@ def build_encoder(files: TokenizerFiles, choice: str = "auto") -> tuple[Encoder,
 
     if choice not in list(Encoder):
         raise TokenizerError(f"prepare.encoder={choice!r} is not one of {', '.join(Encoder)}")
+    if hasattr(files, "encoder"):  # a tokenizer.json (tokenizer_json.py): `tokenizers` only
+        if choice == "tiktoken":
+            raise TokenizerError(
+                f"prepare.encoder=tiktoken encodes GPT-2's files only, not {files.vocab}; use "
+                "prepare.encoder=auto or tokenizers"
+            )
+        return files.encoder(), None
     if choice == "tokenizers":
         return TokenizersEncoder(files), None
     try:

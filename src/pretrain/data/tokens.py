@@ -82,6 +82,7 @@ class TokenSplit:
     lengths: np.ndarray  # int64
     ids: Sequence[str] = ()
     name: str = "train"
+    eos_token_id: int = EOS_TOKEN_ID  # the tokenizer's EOS (what padded rows' pad inputs hold)
 
     def __len__(self) -> int:
         return len(self.lengths)

@@ -32,6 +32,7 @@ from ..data.audit import composition_audit
 from ..data.cache import CacheSpec
 from ..data.mixture import MixtureSpec
 from ..data.policies import PolicySettings
+from ..data.tokenizer_json import tokenizer_vocab_size
 from ..errors import CheckpointError, ConfigError, PretrainError, WriteError
 from ..fileio import write_text_atomic
 from ..model import ModelSettings, config_from_settings
@@ -106,6 +107,21 @@ def _output_dir(configured: str | None) -> Path:
     return Path(configured or "outputs/manual").resolve()
 
 
+def with_tokenizer_vocab(config: Config) -> Config:
+    """`model.vocab_size=null` resolved to the tokenizer's ids (GPT-2's 50257 without reading its
+    files); a set one must hold them all."""
+    needed = tokenizer_vocab_size(config.tokenizer)
+    have = config.model.vocab_size
+    if have is None:
+        return replace(config, model=replace(config.model, vocab_size=needed))
+    if have < needed:
+        raise ConfigError(
+            f"model.vocab_size={have} must be >= {needed}: the tokenizer's ids go up to {needed - 1} "
+            "(leave model.vocab_size unset to follow the tokenizer)"
+        )
+    return config
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """What a run builds from its config, once, before any heavy work; passed down as plain values."""
@@ -128,6 +144,7 @@ class RunSettings:
         backend = attention_backend(config.attn, config.trainer)
         chosen = device_line(config.attn, config.trainer, backend)  # before auto is replaced below
         config = replace(config, trainer=resolve_trainer(config.trainer))  # Lightning sees concrete values
+        config = with_tokenizer_vocab(config)
         model = config_from_settings(config.model)
         warn_if_slow_on_cpu(config, model, policy)  # e.g. model=gpt2-small on trainer=cpu
         if config.model.init_from and not config.ckpt_path:

@@ -13,7 +13,6 @@ from ...errors import SourceError, TokenizerError
 from ..sources import Document
 from ..split import document_split
 from ..tokenizer import Encoder, TokenizerFiles, TokenizersEncoder, build_encoder
-from ..tokens import EOS_TOKEN_ID
 
 CROSS_CHECK_DOCUMENTS = 100  # tiktoken builds: documents re-encoded with `tokenizers` (per build)
 CROSS_CHECK_RATE = 16  # ... picked among every 16th document by digest, then 1 in 4096 thereafter
@@ -110,7 +109,7 @@ def encode_documents(
     ids, lengths = encoder.encode(texts)
     if checker is not None:
         checker.check(texts, origins, digests, ids, lengths)
-    tokens = np.insert(ids, np.cumsum(lengths), np.uint32(EOS_TOKEN_ID))
+    tokens = np.insert(ids, np.cumsum(lengths), np.uint32(encoder.eos_token_id))
     if dtype == "uint16" and (tokens.size == 0 or int(tokens.max()) < 1 << 16):
         tokens = tokens.astype(np.uint16)  # else the writer names the id that does not fit
     return Encoded(

@@ -60,7 +60,9 @@ class PaddedPolicy(DataPolicy):
         from ..batch import gather_padded
 
         lengths = layout.lengths(items)
-        return gather_padded(split.tokens, layout.starts(items), lengths, self._width(lengths))
+        return gather_padded(
+            split.tokens, layout.starts(items), lengths, self._width(lengths), pad_token_id=split.eos_token_id
+        )
 
     def resume_key(self) -> dict:
         return {**super().resume_key(), "data.pad_to": str(self.config.pad_to)}
@@ -92,4 +94,6 @@ class PaddedPolicy(DataPolicy):
     ) -> PackedBatch:
         from ..batch import gather_padded
 
-        return gather_padded(split.tokens, starts, lengths, self._width(lengths))
+        return gather_padded(
+            split.tokens, starts, lengths, self._width(lengths), pad_token_id=split.eos_token_id
+        )
