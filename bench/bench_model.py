@@ -85,9 +85,7 @@ def attention_only(segments: int = 400, repeats: int = 3) -> dict:
 
 def run() -> dict:
     torch.manual_seed(0)
-    settings = to_config(
-        load_config(["model=tiny", "model.vocab_size=50257", f"data.max_seq_len={CAPACITY}"])
-    )
+    settings = to_config(load_config(["model=tiny", f"data.max_seq_len={CAPACITY}"]))
     model = GPT(GPTConfig.from_settings(settings.model), attn="sdpa")
     split, table = synthetic_chunks(DOCUMENTS, CAPACITY)
     policies = {

@@ -44,9 +44,7 @@ def _child(head: str, steps: int) -> dict:
     from pretrain.model.loss import token_cross_entropy
 
     torch.manual_seed(0)
-    settings = to_config(
-        load_config(["model=tiny", "model.vocab_size=50257", f"data.max_seq_len={CAPACITY}"])
-    )
+    settings = to_config(load_config(["model=tiny", f"data.max_seq_len={CAPACITY}"]))
     model = GPT(GPTConfig.from_settings(settings.model), attn="sdpa")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     split, table = synthetic_chunks(DOCUMENTS, CAPACITY)

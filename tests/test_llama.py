@@ -54,7 +54,8 @@ def test_llama_parameters_are_transformers_names_and_count():
     assert {"embed_tokens.weight", "norm.weight", "lm_head.weight"} <= names
     assert "layers.1.self_attn.k_proj.weight" in names and "layers.0.mlp.gate_proj.weight" in names
     assert m.layers[0].self_attn.k_proj.weight.shape == (2 * 16, 64)  # 2 kv heads of 16 channels
-    assert parameter_count(m.config) == m.num_parameters()  # no position table: every parameter works
+    # The untied embedding is a lookup (as GPT-2's position table): every other parameter works.
+    assert parameter_count(m.config) == m.num_parameters() - m.embed_tokens.weight.numel()
     tied = model()
     assert tied.head_weight is tied.embed_tokens.weight and "lm_head.weight" not in tied.state_dict()
     assert parameter_count(tied.config) == tied.num_parameters()
@@ -166,8 +167,9 @@ def test_config_round_trips_through_a_checkpoint_dict():
 )
 def test_named_sizes(size, low, high):
     from pretrain.model import config_from_settings
+    from pretrain.training.run import with_tokenizer_vocab
 
-    config = config_from_settings(to_config(compose(f"model={size}")).model)
+    config = config_from_settings(with_tokenizer_vocab(to_config(compose(f"model={size}"))).model)
     assert isinstance(config, LlamaConfig)
     assert low < parameter_count(config) < high
     assert config.n_kv_head < config.n_head  # grouped-query attention

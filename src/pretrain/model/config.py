@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ..gpt2 import GPT2_VOCAB_SIZE
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -35,5 +37,9 @@ class GPTConfig:
 
     @classmethod
     def from_settings(cls, model) -> GPTConfig:
-        """From any object with these fields as attributes (the typed `model` config group)."""
-        return cls(**{f.name: getattr(model, f.name) for f in fields(cls)})
+        """From any object with these fields as attributes (the typed `model` config group). A null
+        vocab_size (the run's entry sets the tokenizer's: training/run.py) is GPT-2's 50257."""
+        values = {f.name: getattr(model, f.name) for f in fields(cls)}
+        if values["vocab_size"] is None:
+            values["vocab_size"] = GPT2_VOCAB_SIZE
+        return cls(**values)

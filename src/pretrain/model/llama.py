@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.batch import PackedBatch
+from ..gpt2 import GPT2_VOCAB_SIZE
 from .attention import AttentionBackend, AttentionBatch, known_backend, select_backend
 from .loss import token_cross_entropy
 from .validation import check_batch
@@ -78,14 +79,16 @@ class LlamaConfig:
             values["n_kv_head"] = values["n_head"]
         if values["d_ff"] is None:
             values["d_ff"] = default_d_ff(values["d_model"])
+        if values["vocab_size"] is None:  # the run's entry sets the tokenizer's (training/run.py)
+            values["vocab_size"] = GPT2_VOCAB_SIZE
         return cls(**values)
 
     def parameter_count(self) -> int:
-        """Parameters that do matmul work per token (a tied head counted once): for MFU (flops.py)."""
+        """Parameters that do matmul work per token, for MFU (flops.py): the head's vocab x d_model
+        once (an untied embedding is a lookup, as GPT-2's position table), the blocks, the norms."""
         d, kv = self.d_model, self.n_kv_head * self.head_dim
         block = 2 * d * d + 2 * d * kv + 3 * d * self.d_ff + 2 * d  # q, o, k, v, MLP, 2 norms
-        head = 0 if self.tie_embeddings else self.vocab_size * d
-        return self.vocab_size * d + head + self.n_layer * block + d
+        return self.vocab_size * d + self.n_layer * block + d
 
     def as_dict(self) -> dict:
         return asdict(self)
