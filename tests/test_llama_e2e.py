@@ -148,3 +148,4 @@ def test_eval_scores_bits_per_byte(full_run):
         result["bits_per_byte"], result["nats"] / (math.log(2) * result["bytes"]), rel_tol=1e-12
     )
     assert math.isclose(result["loss"], result["nats"] / result["targets"], rel_tol=1e-12)
+    assert (result["positions"], result["trained_positions"]) == ("restart", "restart")

@@ -40,9 +40,9 @@ def test_each_config_holds_only_its_policys_options():
     }
     assert options == {
         Policy.padded: {"pad_to"},
-        Policy.prepacked: {"strategy", "document_mask", "packing_buffer"},
-        Policy.bestfit: {"document_mask", "packing_buffer"},
-        Policy.firstfit: {"document_mask", "packing_buffer", "open_bins"},
+        Policy.prepacked: {"strategy", "document_mask", "positions", "packing_buffer"},
+        Policy.bestfit: {"document_mask", "positions", "packing_buffer"},
+        Policy.firstfit: {"document_mask", "positions", "packing_buffer", "open_bins"},
         Policy.vsl: {"curriculum", "curriculum_cycles"},
     }
 

@@ -390,6 +390,7 @@ def test_the_audits_attention_cost_is_that_of_the_batches(policy):
         "attention_cost",
         "attention_cost_padded",
         "cross_document_visible_fraction",
+        "positions",
     }
 
 

@@ -238,7 +238,10 @@ def cmd_eval(checkpoint: str, overrides: list[str], output: str | None) -> int:
 
     path = _check_output_file(output) if output else None  # before minutes of evaluation
     result = evaluate_checkpoint(checkpoint, overrides)
-    table = Table(title=f"eval: {checkpoint} (step {result['step']}, policy {result['policy']})")
+    table = Table(
+        title=f"eval: {checkpoint} (step {result['step']}, policy {result['policy']}, positions "
+        f"{result['positions']}: each validation chunk from 0; trained with {result['trained_positions']})"
+    )
     table.add_column("statistic")
     table.add_column("value", justify="right")
     rows = [("", result), *((f"{name}.", part) for name, part in result.get("components", {}).items())]

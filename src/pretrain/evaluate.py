@@ -185,7 +185,15 @@ def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict
             f"the validation split of {where} has no prediction pairs, so there is nothing to "
             "evaluate: build the cache with split.validation_fraction>0"
         )
-    out = {**asdict(result), "step": int(checkpoint.get("global_step", 0)), "policy": settings.policy}
+    out = {
+        **asdict(result),
+        "step": int(checkpoint.get("global_step", 0)),
+        "policy": settings.policy,
+        # Every validation chunk is its own segment numbered from 0, whatever data.positions trained
+        # with (`trained_positions`): the scores compare models, not numberings.
+        "positions": "restart",
+        "trained_positions": settings.data_policy.position_numbering(),
+    }
     if mixture is not None:
         out["components"] = {str(name): asdict(part) for name, part in results.items()}
     return out

@@ -140,7 +140,8 @@ def composition_audit(
 ) -> dict:
     """The composition audit of `split` (a train split) under the policy of `settings`: a dict with
     `AUDIT_KEYS` plus `cross_document_visible_fraction` (share of real tokens that attend to another
-    document), all plain floats (JSON, W&B config). `sampler`: a train sampler of the same settings
+    document), all plain floats (JSON, W&B config), and `positions`: how the batches number positions
+    (data.positions: restart or continue). `sampler`: a train sampler of the same settings
     and split whose epoch-0 plan is reused (a running job has one); else one is built (rank 0)."""
     if sampler is None:
         from .samplers import build_sampler
@@ -150,4 +151,5 @@ def composition_audit(
     return {
         **audit_plan(sampler.policy, split, plan),
         "cross_document_visible_fraction": sampler.policy.cross_document_visible_fraction(plan),
+        "positions": sampler.policy.position_numbering(),
     }

@@ -123,6 +123,12 @@ def one_segment_per_pack(batch: PackedBatch) -> PackedBatch:
     )
 
 
+def continue_positions(batch: PackedBatch) -> PackedBatch:
+    """The batch with positions numbered across each whole pack (data.positions=continue), whatever
+    its attention segments: as one window of a concat-then-chunk pipeline numbers them."""
+    return replace(batch, position_ids=torch.from_numpy(run_positions(batch.pack_lengths.numpy())))
+
+
 def gather_padded(
     tokens: np.ndarray,
     starts: np.ndarray,

@@ -477,6 +477,7 @@ def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None
             }
         ),
         "policy": run.policy.policy,
+        "positions": run.policy.data_policy.position_numbering(),  # data.positions: restart | continue
         "attn": run.attn_backend,
         "model": config.model.name,
         "max_seq_len": run.policy.max_seq_len,

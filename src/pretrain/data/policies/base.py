@@ -49,6 +49,14 @@ class LongDocs(StrEnum):
     truncate = "truncate"  # its first chunk only (Ding et al. 2024's truncation); the rest is dropped
 
 
+# `data.positions` (packing policies): how a pack's position ids are numbered. `restart` (the default,
+# as before) numbers each attention segment from 0: each document chunk with the mask on, the whole
+# pack with it off. `continue` numbers across the whole pack whatever the mask, as concat-then-chunk
+# pipelines do. (Functional form: `continue` is a Python keyword.)
+Positions = StrEnum("Positions", {"restart": "restart", "continue": "continue"})
+RESTART, CONTINUE = Positions("restart"), Positions("continue")
+
+
 def is_set(value: object) -> bool:
     return value is not None and value != MISSING
 
@@ -104,6 +112,8 @@ class PackingConfig(DataConfig):
     """chunks in the best-fit candidate buffer (bestfit's packs, validation packs of packing policies)"""
     document_mask: bool = True
     """packing policies: false makes each pack one attention segment (positions continue across documents)"""
+    positions: Positions = RESTART
+    """packing policies: restart (each attention segment numbered from 0) or continue (across the pack)"""
 
     gained_since_split: ClassVar[tuple[str, ...]] = ("document_mask",)  # prepacked concat's only, before
 
@@ -210,6 +220,11 @@ class DataPolicy:
         """Share of real tokens whose attention can see an earlier document."""
         return 0.0
 
+    def position_numbering(self) -> str:
+        """How training batches number positions (`data.positions`): every unit of a policy that does
+        not pack is one segment from 0."""
+        return "restart"
+
     # --- validation --------------------------------------------------------------------------------
 
     def evaluation_units(self, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
@@ -234,12 +249,15 @@ class PackingPolicy(DataPolicy):
     config: PackingConfig
 
     def gather(self, split: TokenSplit, layout: Layout, items: np.ndarray, counts: np.ndarray) -> PackedBatch:
-        out = self.gather_segments(split, layout, items, counts)
-        if self.config.document_mask:
-            return out
-        from ..batch import one_segment_per_pack
+        from ..batch import continue_positions, one_segment_per_pack
 
-        return one_segment_per_pack(out)
+        out = self.gather_segments(split, layout, items, counts)
+        if not self.config.document_mask:
+            out = one_segment_per_pack(out)
+        return continue_positions(out) if self.position_numbering() == CONTINUE else out
+
+    def position_numbering(self) -> str:
+        return str(Positions(self.config.positions))
 
     def gather_segments(
         self, split: TokenSplit, layout: Layout, items: np.ndarray, counts: np.ndarray
@@ -251,6 +269,7 @@ class PackingPolicy(DataPolicy):
         return {
             **super().resume_key(),
             **self._non_default("data.document_mask", bool(self.config.document_mask)),
+            **self._non_default("data.positions", self.position_numbering()),
         }
 
     def segment_lengths(self, plan: EpochPlan) -> np.ndarray:
