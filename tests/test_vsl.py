@@ -274,6 +274,7 @@ def test_the_composition_audit_worked_out_by_hand():
         "attention_cost": (1 + 1 + 16 + 64 + 64 + 256 + 1024) / 70,
         "attention_cost_padded": 5 * 32**2 / 70,
         "cross_document_visible_fraction": 0.0,
+        "positions": "restart",  # each piece its own sequence from 0
     }
     truncated = composition_audit(
         vsl("data.max_seq_len=32", "train.batch_size=1", "data.long_docs=truncate"), split

@@ -73,10 +73,10 @@ class TokenizerJson(TokenizerFiles):
         return max(self.build().get_vocab(with_added_tokens=True).values())
 
     def token_byte_lengths(self, vocab_size: int) -> np.ndarray:
-        """UTF-8 bytes each id stands for (0 for special tokens): byte-level tokens through GPT-2's
-        byte alphabet, `<0xNN>` byte-fallback tokens 1, SentencePiece's `▁` a space, WordPiece's `##`
-        continuation prefix nothing. The bytes of a text are then the sum over its tokens, whatever
-        the tokenizer, so bits per byte compare across tokenizers."""
+        """UTF-8 bytes each id stands for (0 for special tokens), for bits per byte. Byte-level tokens
+        through GPT-2's byte alphabet: exact (a text's bytes are the sum over its tokens). Otherwise an
+        estimate: `<0xNN>` byte-fallback tokens 1, SentencePiece's `▁` a space (a prepended one counts
+        one byte more per document), WordPiece's `##` continuation prefix nothing."""
         tokenizer = self.build()
         config = json.loads(self.path.read_text(encoding="utf-8"))
         special = {t["id"] for t in config.get("added_tokens", []) if t.get("special")}
