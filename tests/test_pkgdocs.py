@@ -15,7 +15,7 @@ import pytest
 from helpers import compose, expected_split, prepare
 
 from pretrain.data.sources import documents, source_from_config
-from pretrain.data.sources.pkgdocs import PkgdocsSource, doc_prose, list_environment, module_prose
+from pretrain.data.sources.pkgdocs import PkgdocsSource, c_prose, doc_prose, list_environment, module_prose
 
 ALPHA_MODULE = b'''"""Alpha reads the weather from the sky and writes it down in plain words."""
 
@@ -151,6 +151,22 @@ def test_documents_in_order_copies_once(site):
     assert [d.copies_skipped for d in listing.distributions] == [0, 1]
 
 
+def test_a_near_copy_is_skipped(tmp_path):
+    """A vendored copy with a renamed import is not the same bytes, but most of its lines are."""
+    lines = [
+        f"# Step {i}: the reader turns the colour of the sky into the word for the weather."
+        for i in range(12)
+    ]
+    original = ("\n".join(lines) + "\nimport alpha\n").encode()
+    renamed = original.replace(b"import alpha", b"import vendored.alpha as alpha")
+    other = ("\n".join(line.replace("sky", "sea") for line in lines) + "\n").encode()
+    site = tmp_path / "site"
+    install(site, "epsilon", "1.0", {"epsilon/core.py": original})
+    install(site, "zeta", "1.0", {"zeta/_vendor/core.py": renamed, "zeta/sea.py": other})
+    assert [d.origin for d in documents(source(site))] == ["epsilon:epsilon/core.py", "zeta:zeta/sea.py"]
+    assert [d.copies_skipped for d in list_environment((str(site),)).distributions] == [0, 1]
+
+
 def test_module_prose_keeps_docstrings_and_prose_comments_in_source_order():
     text = module_prose(ALPHA_MODULE)
     assert text.split("\n\n") == [
@@ -160,6 +176,26 @@ def test_module_prose_keeps_docstrings_and_prose_comments_in_source_order():
         "read\nReturn the weather that the sky shows, as a sentence a person can read.",
     ]  # no license header, no code commented out, no '#' inside a string, no short docstring
     assert module_prose(b"def broken(:\n") == ""
+
+
+def test_c_prose_keeps_comment_blocks_and_runs_of_line_comments():
+    header = b"""/* Copyright (c) 2020 Alpha authors, licensed under the BSD license. */
+#include <alpha.h>
+// Returns the number of readings that the sky holds, counting
+// every cloud that passed over it.
+int count();  // a trailing note about the count of clouds
+/**
+ * A view shares its readings with the sky it was made from, so that
+ * a change through one is seen through the other.
+ */
+const char* url = "http://example.com/a/b";  // x
+"""
+    assert c_prose(header).split("\n\n") == [
+        "Returns the number of readings that the sky holds, counting every cloud that passed over it.",
+        "a trailing note about the count of clouds",
+        "A view shares its readings with the sky it was made from, so that\n"
+        "a change through one is seen through the other.",
+    ]
 
 
 def test_doc_prose_refuses_data():

@@ -8,8 +8,9 @@ is its text when it reads as prose (licenses, changelogs, metadata and data file
 distribution's long description (the README in METADATA) is one more document.
 
 Copies are read once: a file whose content hash (RECORD's sha256, else the file's) was already
-listed, e.g. a vendored copy of another package, is skipped at listing time; the cache drops any
-further exact duplicate texts (data/build/collect.py). Editable installs are left out: their code
+listed, e.g. a vendored copy of another package, or whose lines mostly were (a near copy: `Copies`),
+is skipped at listing time; the cache drops any further exact duplicate texts
+(data/build/collect.py). Editable installs are left out: their code
 lives outside the environment and changes without a new version, so the identity could not name it.
 The identity is the Python version and every distribution's name and version. `source.path` reads
 another site-packages directory instead (its distributions only, no standard library).
@@ -21,11 +22,13 @@ import ast
 import base64
 import functools
 import hashlib
+import heapq
 import importlib.metadata
 import json
 import re
 import sys
 import sysconfig
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -35,8 +38,10 @@ from .base import Document, Part, PartSizes
 from .pydocs import _pydoc_topics, _stdlib_dir, _stdlib_modules
 
 STDLIB = "python-stdlib"  # the standard library's entries (this Python's environment only)
-EXTRACTION = 1  # bump when what is read from a file changes: another corpus, another identity
+EXTRACTION = 2  # bump when what is read from a file changes: another corpus, another identity
 _DOC_SUFFIXES = {".md", ".rst", ".txt"}
+_C_SUFFIXES = {".h", ".hpp", ".cuh", ".c", ".cc", ".cpp"}  # their comments document the C/C++ API
+_C_COMMENT = re.compile(rb"/\*(.*?)\*/|//([^\n]*)", re.S)
 # Documentation files that are not prose about the code: legal text, release notes, metadata.
 _NOT_PROSE = re.compile(
     r"licen[cs]e|copying|notice|authors|contributors|changelog|changes|history|news|release|"
@@ -49,6 +54,7 @@ _LEGAL = re.compile(r"copyright|licen[cs]e|spdx|warrant", re.IGNORECASE)
 _MIN_WORDS = 4  # a comment block this short says little
 _MIN_DOCSTRING = 40  # characters of a class's or function's docstring, as source=pydocs
 _PROSE_SHARE = 0.6  # of whitespace-separated tokens that are words: prose, not code or data
+_SKETCH, _NEAR, _LONG_LINE = 8, 5, 40  # near copies: 5 of a file's 8 line sketches seen before
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class Distribution:
     version: str
     modules: int
     doc_files: int
+    c_files: int
     described: bool
     copies_skipped: int
     bytes: int
@@ -107,20 +114,43 @@ def _kind(path: PurePosixPath) -> str | None:
         return None
     if path.suffix == ".py":
         return "module"
+    if path.suffix in _C_SUFFIXES:
+        return "csource"
     if path.suffix.lower() in _DOC_SUFFIXES and not any(_NOT_PROSE.search(p) for p in parts):
         return "doc"
     return None
 
 
-def _record_hash(hash_field: str, file: Path) -> str:
+def _content_hash(hash_field: str, data: bytes) -> str:
     """The content hash RECORD gives (`sha256=<urlsafe base64>`), else the file's own sha256."""
     if hash_field.startswith("sha256="):
         return hash_field
-    try:
-        digest = hashlib.sha256(file.read_bytes()).digest()
-    except OSError:
-        return ""
+    digest = hashlib.sha256(data).digest()
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+class Copies:
+    """Files already listed, by exact content hash and by a sketch of their lines: a vendored copy
+    that changed a few lines (imports renamed, a version bumped) is a near copy. The sketch is the
+    `_SKETCH` smallest CRC-32s of a file's lines of at least `_LONG_LINE` characters (a bottom-k
+    sample of its distinct lines); a file whose sketch shares `_NEAR` of them with the files kept
+    before shares most of its lines with them (about that share in Jaccard terms)."""
+
+    def __init__(self) -> None:
+        self.digests: set[str] = set()
+        self.sketches: set[int] = set()
+
+    def seen(self, digest: str, data: bytes) -> bool:
+        """Whether the file is a copy; else it is recorded as seen."""
+        if digest in self.digests:
+            return True
+        lines = {zlib.crc32(line) for line in map(bytes.strip, data.splitlines()) if len(line) >= _LONG_LINE}
+        sketch = heapq.nsmallest(_SKETCH, lines)
+        if len(sketch) == _SKETCH and sum(key in self.sketches for key in sketch) >= _NEAR:
+            return True
+        self.digests.add(digest)
+        self.sketches.update(sketch)
+        return False
 
 
 def _description(dist: importlib.metadata.Distribution) -> str:
@@ -143,20 +173,21 @@ def installed(roots: tuple[str, ...]) -> dict[str, importlib.metadata.Distributi
     return found
 
 
-def _stdlib(entries: list[Entry], seen: set[str]) -> Distribution:
+def _stdlib(entries: list[Entry], copies: Copies) -> Distribution:
     """The interpreter's own documentation first, as source=pydocs reads it: the pydoc topics (one
     entry, a document per topic), then the standard library's modules in path order."""
     root = _stdlib_dir()
     entries.append(Entry(STDLIB, "", "topics"))
-    modules = size = 0
+    modules = size = skipped = 0
     for path in _stdlib_modules():
-        digest = _record_hash("", path)
-        if digest and digest not in seen:
-            seen.add(digest)
-            entries.append(Entry(STDLIB, path.relative_to(root).as_posix(), "module"))
-            modules += 1
-            size += path.stat().st_size
-    return Distribution(STDLIB, sys.version.split()[0], modules, 0, False, 0, size)
+        data = path.read_bytes()
+        if copies.seen(_content_hash("", data), data):
+            skipped += 1
+            continue
+        entries.append(Entry(STDLIB, path.relative_to(root).as_posix(), "module"))
+        modules += 1
+        size += len(data)
+    return Distribution(STDLIB, sys.version.split()[0], modules, 0, 0, False, skipped, size)
 
 
 @functools.lru_cache(maxsize=4)
@@ -165,40 +196,48 @@ def list_environment(roots: tuple[str, ...], stdlib: bool = False) -> Listing:
     (with `stdlib`, the standard library's first)."""
     found = installed(roots)
     entries: list[Entry] = []
-    seen: set[str] = set()
-    summaries: list[Distribution] = [_stdlib(entries, seen)] if stdlib else []
+    copies = Copies()
+    summaries: list[Distribution] = [_stdlib(entries, copies)] if stdlib else []
     for name in sorted(found):
         dist = found[name]
         if _editable(dist):
             continue
         base = Path(str(dist.locate_file("")))
-        counts = {"module": 0, "doc": 0}
+        counts = {"module": 0, "doc": 0, "csource": 0}
         skipped = size = 0
         rows = sorted((str(f), f) for f in dist.files or ())
         for text_path, record in rows:
             kind = _kind(PurePosixPath(text_path))
             if kind is None:
                 continue
-            file = base / text_path
-            digest = _record_hash(record.hash.mode + "=" + record.hash.value if record.hash else "", file)
-            if not digest or not file.is_file():
+            try:
+                data = (base / text_path).read_bytes()
+            except OSError:  # listed in RECORD, removed since: not part of the environment
                 continue
-            if digest in seen:
+            field_ = f"{record.hash.mode}={record.hash.value}" if record.hash else ""
+            if copies.seen(_content_hash(field_, data), data):
                 skipped += 1
                 continue
-            seen.add(digest)
             entries.append(Entry(name, text_path, kind))
             counts[kind] += 1
-            size += record.size or file.stat().st_size
+            size += len(data)
         described = False
         description = _description(dist)
-        digest = "text=" + hashlib.sha256(description.encode()).hexdigest()
-        if _is_prose(description, 20) and digest not in seen:
-            seen.add(digest)
+        text = description.encode()
+        if _is_prose(description, 20) and not copies.seen(hashlib.sha256(text).hexdigest(), text):
             entries.append(Entry(name, "", "description"))
             described = True
         summaries.append(
-            Distribution(name, dist.version, counts["module"], counts["doc"], described, skipped, size)
+            Distribution(
+                name,
+                dist.version,
+                counts["module"],
+                counts["doc"],
+                counts["csource"],
+                described,
+                skipped,
+                size,
+            )
         )
     return Listing(tuple(entries), tuple(summaries))
 
@@ -258,6 +297,33 @@ def module_prose(data: bytes) -> str:
             pieces.append((line, text))
     pieces.sort(key=lambda piece: piece[0])
     return "\n\n".join(dict.fromkeys(text for _, text in pieces))
+
+
+def c_prose(data: bytes) -> str:
+    """A C or C++ file's comments that read as prose (`/* */` blocks, runs of `//` lines), in order."""
+    pieces: list[str] = []
+    run: list[str] = []
+    line = position = 0
+    last = -2
+    for match in _C_COMMENT.finditer(data):
+        line += data.count(b"\n", position, match.start())
+        position = match.start()
+        block, single = match.group(1), match.group(2)
+        alone = not data[data.rfind(b"\n", 0, match.start()) + 1 : match.start()].strip()
+        if single is not None and alone and line == last + 1:
+            run.append(single.decode("utf-8", "replace").strip("/! ").strip())
+        else:
+            pieces.append(" ".join(run))
+            run = []
+            if single is not None:
+                run = [single.decode("utf-8", "replace").strip("/! ").strip()]
+            else:
+                text = block.decode("utf-8", "replace")
+                pieces.append(re.sub(r"^\s*\*+ ?", "", text, flags=re.M).strip("*! \n"))
+        last = line + (block.count(b"\n") if block is not None else 0) if alone else -2
+    pieces.append(" ".join(run))
+    kept = [p for p in pieces if _is_prose(p) and not _LEGAL.search(p)]
+    return "\n\n".join(dict.fromkeys(kept))
 
 
 def doc_prose(data: bytes) -> str:
@@ -338,6 +404,8 @@ class PkgdocsSource:
             except OSError as error:
                 raise SourceError(f"source=pkgdocs: {file} cannot be read ({error}); reinstall it") from error
             text = module_prose(data) if entry.kind == "module" else doc_prose(data)
+            if entry.kind == "csource":
+                text = c_prose(data)
             yield Document(text=text, origin=origin)
 
     def provenance(self) -> dict:
@@ -350,11 +418,13 @@ class PkgdocsSource:
             "distributions": len(dists),
             "modules": sum(d.modules for d in dists),
             "doc_files": sum(d.doc_files for d in dists),
+            "c_files": sum(d.c_files for d in dists),
             "descriptions": sum(d.described for d in dists),
             "copies_skipped": sum(d.copies_skipped for d in dists),
             "files_bytes": sum(d.bytes for d in dists),
             "largest": {
-                d.name: f"{d.version}: {d.modules:,} modules, {d.doc_files} docs, {d.bytes / 1e6:.1f} MB"
+                d.name: f"{d.version}: {d.modules:,} modules, {d.doc_files} docs, {d.c_files:,} C/C++, "
+                f"{d.bytes / 1e6:.1f} MB"
                 for d in largest
             },
         }
