@@ -64,6 +64,7 @@ class Setup:
     model_name: str
     validation_pairs: int | None = None  # None: the whole validation split
     eval_tokens: int = 32_768  # tokens per validation microbatch (train.eval_microbatch_tokens)
+    validations: int = VALIDATIONS  # per run
 
     @property
     def tokens_per_update(self) -> int:
@@ -71,7 +72,21 @@ class Setup:
 
 
 GPU = Setup(8, 8, 512, 1024, 32, 1.0e-3, "cuda", "varlen", True, "gpt-51m")
-DRY = Setup(1, 2, 32, 32, 2, 3.0e-3, "cpu", "sdpa", False, "gpt-dry", validation_pairs=2048, eval_tokens=1024)
+DRY = Setup(
+    1,
+    2,
+    32,
+    32,
+    2,
+    3.0e-3,
+    "cpu",
+    "sdpa",
+    False,
+    "gpt-dry",
+    validation_pairs=2048,
+    eval_tokens=1024,
+    validations=2,
+)
 
 
 class StudyError(Exception):
@@ -106,12 +121,17 @@ def plan_study(
     runs: int,
     validations: int = VALIDATIONS,
     safety: float = SAFETY,
+    at_least_minimum: bool = False,
 ) -> Plan:
     """The most updates per run that let `runs` runs (each its setup, its training at the measured
-    rate and `validations` validations) end within `safety` x `seconds_left`."""
+    rate and `validations` validations) end within `safety` x `seconds_left`. Fewer than
+    2 x `validations` is an error, or with `at_least_minimum` (a dry run: the path, not the budget)
+    that many."""
     per_run = safety * seconds_left / runs - setup_seconds - validations * validation_seconds
     updates = int(per_run * tokens_per_second // tokens_per_update)
     needed = 2 * validations
+    if updates < needed and at_least_minimum:
+        updates = needed
     if updates < needed:
         raise StudyError(
             f"{seconds_left:.0f} s left fit {max(updates, 0)} updates per run at {tokens_per_second:,.0f} "
@@ -295,13 +315,16 @@ class Arm:
         import torch
 
         from pretrain.data.evaluation import evaluation_chunks, evaluation_units
+        from pretrain.data.files import writable_dir
         from pretrain.data.samplers import build_sampler
         from pretrain.model import GPT, GPTConfig
 
         self.setup, self.document_mask, self.seed = setup, document_mask, seed
         self.device = torch.device(setup.device)
         self.settings = policy_settings(setup, document_mask, seed)
-        self.sampler = build_sampler(self.settings, splits["train"])
+        packs = cache.directory / "packs"  # the concat windows, built once for every run when writable
+        packs_dir = packs if writable_dir(cache.directory) else None
+        self.sampler = build_sampler(self.settings, splits["train"], packs_dir=packs_dir)
         self.validation = splits["validation"]
         self.chunks = evaluation_chunks(self.validation, setup.max_seq_len, setup.validation_pairs)
         self.units = evaluation_units(self.settings, self.chunks)
@@ -517,13 +540,16 @@ def run_study(
     seeds: tuple[int, ...] = SEEDS,
     clock: Callable[[], float] = time.monotonic,
     started: float | None = None,
+    dry_run: bool = False,
 ) -> dict:
     """Calibrate, plan, then train the pairs seed by seed (a cut at the deadline keeps whole pairs);
-    returns study.json's content (also written under `output`)."""
+    returns study.json's content (also written under `output`). A `dry_run` trains at least the
+    minimal plan and is never cut: it checks the path, whatever the machine's speed."""
     import torch
 
     started = clock() if started is None else started
     deadline = started + seconds
+    cut_at = math.inf if dry_run else deadline
     if setup.device == "cuda" and not torch.cuda.is_available():
         raise StudyError("no CUDA device: run it on the GPU box, or --dry-run on this machine")
     cache = open_carried(cache_path)
@@ -538,6 +564,8 @@ def run_study(
         seconds_left=seconds_left,
         tokens_per_update=setup.tokens_per_update,
         runs=2 * len(seeds),
+        validations=setup.validations,
+        at_least_minimum=dry_run,
     )
     identity = cache.manifest["identity"]
     study: dict = {
@@ -568,7 +596,7 @@ def run_study(
     for seed in seeds:
         pair = []
         for mask in (True, False):
-            summary = train_run(setup, cache, splits, plan, mask, seed, output, deadline, clock, audits)
+            summary = train_run(setup, cache, splits, plan, mask, seed, output, cut_at, clock, audits)
             if summary is None:
                 break
             pair.append(
@@ -619,7 +647,7 @@ def check_carry(path: Path) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--cache", type=Path, help="the carried cache (make gpu-cache)")
     parser.add_argument("--output", type=Path, help="where the run directories go")
@@ -627,6 +655,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibration-seconds", type=float, default=60.0)
     parser.add_argument("--dry-run", action="store_true", help="a tiny model on the CPU, a short budget")
     parser.add_argument("--check-cache", type=Path, metavar="DIR", help="check a carried cache, then stop")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments()
     args = parser.parse_args(argv)
     try:
         if args.check_cache is not None:
@@ -639,7 +672,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:  # a dry run takes a minute or two, not ten
             seconds, calibration = min(seconds, 120.0), min(calibration, 4.0)
         study = run_study(
-            setup, args.cache, args.output, seconds=seconds, calibration_seconds=calibration, started=STARTED
+            setup,
+            args.cache,
+            args.output,
+            seconds=seconds,
+            calibration_seconds=calibration,
+            started=STARTED,
+            dry_run=args.dry_run,
         )
     except StudyError as error:
         print(f"error: {error}", file=sys.stderr)

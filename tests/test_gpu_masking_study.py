@@ -88,6 +88,20 @@ def test_plan_refuses_a_budget_that_fits_too_few_updates():
         )
 
 
+def test_a_dry_run_plans_at_least_the_minimum():
+    plan = study.plan_study(
+        tokens_per_second=10,
+        validation_seconds=1.0,
+        setup_seconds=1.0,
+        seconds_left=10.0,
+        tokens_per_update=64,
+        runs=8,
+        validations=2,
+        at_least_minimum=True,
+    )
+    assert (plan.updates, plan.val_every, plan.validations) == (4, 2, 2)
+
+
 def test_schedule_and_defaults_are_train_pys():
     from pretrain.config import TrainConfig
     from pretrain.training.module import lr_lambda
@@ -146,6 +160,7 @@ def test_study_with_a_fake_clock_writes_what_compare_reads(small_cache, tmp_path
         seconds_left=result["seconds_left"],
         tokens_per_update=TINY.tokens_per_update,
         runs=8,
+        validations=TINY.validations,
     )
     assert result["plan"] == dataclasses.asdict(plan)
     names = sorted(p.name for p in output.iterdir() if p.is_dir())
@@ -258,3 +273,14 @@ def test_dry_run_on_cpu_with_only_what_the_gpu_box_has(small_cache, tmp_path):
     result = json.loads((output / "study.json").read_text())
     assert result["status"] == "completed" and len(result["runs"]) == 8
     assert "next: pretrain compare" in done.stdout
+
+
+def test_the_documented_box_command_is_the_scripts():
+    """docs/cluster.md gives the one line to run on the box; its flags are the script's."""
+    line = "PYTHONPATH=src python3 scripts/gpu_masking_study.py --cache gpu-cache --output $OUT/masking-gpu"
+    assert line in (ROOT / "docs" / "cluster.md").read_text()
+    assert "make gpu-cache" in (ROOT / "docs" / "cluster.md").read_text()
+    assert "gpu-cache:" in (ROOT / "Makefile").read_text()
+    args = study.arguments().parse_args(line.split("gpu_masking_study.py ")[1].split())
+    assert (args.cache, args.output, args.dry_run) == (Path("gpu-cache"), Path("$OUT/masking-gpu"), False)
+    assert (args.seconds, args.calibration_seconds) == (540.0, 60.0)
