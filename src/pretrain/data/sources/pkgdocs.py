@@ -1,7 +1,7 @@
 """source=pkgdocs: the prose of this Python environment, offline (~20M GPT-2 tokens in .venv).
 
 One document per file that holds prose, in a fixed order: the standard library's documentation first
-(the pydoc topics and every module, as source=pydocs reads them), then the installed distributions by
+(the pydoc topics and the modules source=pydocs reads), then the installed distributions by
 name, each one's files as its RECORD lists them, sorted by path. A Python module's document is its
 docstrings and its full-line comment blocks in source order; a documentation file (.md, .rst, .txt)
 is its text when it reads as prose (licenses, changelogs, metadata and data files are not); a
@@ -38,7 +38,7 @@ from .base import Document, Part, PartSizes
 from .pydocs import _pydoc_topics, _stdlib_dir, _stdlib_modules
 
 STDLIB = "python-stdlib"  # the standard library's entries (this Python's environment only)
-EXTRACTION = 2  # bump when what is read from a file changes: another corpus, another identity
+EXTRACTION = 3  # bump when what is read from a file changes: another corpus, another identity
 _DOC_SUFFIXES = {".md", ".rst", ".txt"}
 _C_SUFFIXES = {".h", ".hpp", ".cuh", ".c", ".cc", ".cpp"}  # their comments document the C/C++ API
 _C_COMMENT = re.compile(rb"/\*(.*?)\*/|//([^\n]*)", re.S)
@@ -51,8 +51,8 @@ _NOT_PROSE = re.compile(
 _WORD = re.compile(r"[A-Za-z][a-z]*[.,;:!?)'\"]*")
 _PRAGMA = re.compile(r"(noqa|type:|pylint|fmt:|mypy:|pragma|isort:|ruff:|pyright:|-\*-|!)", re.I)
 _LEGAL = re.compile(r"copyright|licen[cs]e|spdx|warrant", re.IGNORECASE)
-_MIN_WORDS = 4  # a comment block this short says little
-_MIN_DOCSTRING = 40  # characters of a class's or function's docstring, as source=pydocs
+_MIN_WORDS = 3  # a comment block this short says little
+_MIN_DOCSTRING = 20  # characters of a class's or function's docstring
 _PROSE_SHARE = 0.6  # of whitespace-separated tokens that are words: prose, not code or data
 _SKETCH, _NEAR, _LONG_LINE = 8, 5, 40  # near copies: 5 of a file's 8 line sketches seen before
 
@@ -276,7 +276,7 @@ def _comment_blocks(source: str, inside_strings: set[int]) -> Iterator[tuple[int
 
 
 def module_prose(data: bytes) -> str:
-    """A module's docstrings (each class's or function's after its name, as source=pydocs reads them)
+    """A module's docstrings (each class's or function's after its name, if over 20 characters)
     and its comment blocks that read as prose (not code commented out, not legal text), in source
     order; a repeated passage once."""
     try:
