@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-e2e test-all bench lint train sweep study study-masking gpu-check gpu-wheels clean
+.PHONY: install test test-e2e test-all bench lint train sweep study study-masking gpu-check gpu-wheels gpu-cache clean
 
 # pip shows its progress: the first install downloads ~1 GB and takes minutes.
 $(STAMP): pyproject.toml
@@ -128,6 +128,17 @@ gpu-wheels: install
 	@echo "wheels for CPython $(GPU_PYTHON_VERSION), x86_64 Linux in $(GPU_WHEELS)/; on the GPU box:"
 	@echo "  pip install --no-index --find-links $(GPU_WHEELS) $(GPU_PACKAGES)"
 	@echo "  PYTHONPATH=src python3 train.py trainer=gpu attn=varlen   # plus your overrides"
+
+# The carried cache of the GPU masking study (scripts/gpu_masking_study.py, docs/results/masking-gpu.md):
+# source=pkgdocs, this environment's prose (~20M tokens), built offline into gpu-cache/<key>/ with its
+# floors (inspect-data stores floors.json beside the manifest), checked against the 45 MB carry limit.
+# ~5 min on 2 cores. On the box: PYTHONPATH=src python3 scripts/gpu_masking_study.py --cache gpu-cache ...
+GPU_CACHE := gpu-cache
+
+gpu-cache: install
+	rm -rf $(GPU_CACHE)
+	$(VENV)/bin/pretrain inspect-data source=pkgdocs cache_root=$(GPU_CACHE) output=$(GPU_CACHE).json
+	$(PY) scripts/gpu_masking_study.py --check-cache $(GPU_CACHE)
 
 clean:
 	rm -rf $(VENV) data-cache outputs/* .pytest_cache

@@ -121,6 +121,7 @@ def cmd_inspect(overrides: list[str], output: str | None) -> int:
     from .data.mixture import MixtureSpec
     from .data.policies import PolicySettings
     from .data.prepare import prepare_cache
+    from .data.sources.summary import source_summary
     from .data.stats import inspect_split, render_table
 
     settings = PolicySettings.from_config(config.data, config.train, config.seed)
@@ -131,6 +132,7 @@ def cmd_inspect(overrides: list[str], output: str | None) -> int:
             settings, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir
         )
         stats["floors"] = spec_floors(spec, cache)
+        stats["source"] = source_summary(spec.source, cache)  # its size and where its text came from
     else:  # the mixed epoch, and each component's statistics under mixture.<name>
         mixture.check_policy(settings.policy)
         caches = [prepare_cache(component.cache) for component in mixture.components]
@@ -143,6 +145,8 @@ def cmd_inspect(overrides: list[str], output: str | None) -> int:
         }
         for name, floor in floors.items():
             stats["mixture"][name]["floors"] = floor
+        for component, cache in zip(mixture.components, caches, strict=True):
+            stats["mixture"][component.name]["source"] = source_summary(component.cache.source, cache)
         stats["floors"] = {k: v for k, v in combined_floors(floors).items() if k != "components"}
     Console().print(render_table(stats))
     if path is not None:  # without one the table is the answer

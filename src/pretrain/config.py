@@ -49,6 +49,7 @@ SCHEMA_NAME = "pretrain_schema"
 
 class SourceKind(StrEnum):
     pydocs = "pydocs"
+    pkgdocs = "pkgdocs"
     local = "local"
     fineweb = "fineweb"
 
@@ -109,11 +110,12 @@ SEED_RANGE = (0, 2**32 - 1)
 @dataclass
 class SourceConfig:
     kind: SourceKind = MISSING
-    """where documents come from: pydocs (embedded offline corpus), local files or fineweb"""
+    """where documents come from: pydocs (embedded offline corpus), pkgdocs (the installed packages'
+    docs), local files or fineweb"""
     files: list[str] = field(default_factory=list)
     """source=local: parquet or jsonl files with a `text` column, read in the order given"""
     path: str | None = None
-    """source=fineweb: the hub dataset"""
+    """source=fineweb: the hub dataset; source=pkgdocs: a site-packages directory (null = this Python's)"""
     config_name: str | None = None
     """source=fineweb: the dataset config (sample-10BT)"""
     revision: str | None = None

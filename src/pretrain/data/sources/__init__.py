@@ -15,6 +15,7 @@ from ...errors import ConfigError, SourceError
 from .base import Document, Part, PartSizes, Source, documents
 from .fineweb import FineWebSource
 from .local import LocalSource
+from .pkgdocs import PkgdocsSource
 from .pydocs import PydocsSource
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 # source.kind -> the factory of its source from `source.*` and the part sizes.
 SOURCES: dict[str, Callable[[Any, PartSizes], Source]] = {
     "pydocs": PydocsSource.from_config,
+    "pkgdocs": PkgdocsSource.from_config,
     "local": LocalSource.from_config,
     "fineweb": FineWebSource.from_config,
 }
@@ -55,6 +57,7 @@ __all__ = [
     "LocalSource",
     "Part",
     "PartSizes",
+    "PkgdocsSource",
     "PydocsSource",
     "Source",
     "SourceError",

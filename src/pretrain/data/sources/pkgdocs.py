@@ -1,0 +1,437 @@
+"""source=pkgdocs: the prose of this Python environment, offline (~20M GPT-2 tokens in .venv).
+
+One document per file that holds prose, in a fixed order: the standard library's documentation first
+(the pydoc topics and the modules source=pydocs reads), then the installed distributions by
+name, each one's files as its RECORD lists them, sorted by path. A Python module's document is its
+docstrings and its full-line comment blocks in source order; a documentation file (.md, .rst, .txt)
+is its text when it reads as prose (licenses, changelogs, metadata and data files are not); a
+distribution's long description (the README in METADATA) is one more document.
+
+Copies are read once: a file whose content hash (RECORD's sha256, else the file's) was already
+listed, e.g. a vendored copy of another package, or whose lines mostly were (a near copy: `Copies`),
+is skipped at listing time; the cache drops any further exact duplicate texts
+(data/build/collect.py). Editable installs are left out: their code
+lives outside the environment and changes without a new version, so the identity could not name it.
+The identity is the Python version and every distribution's name and version. `source.path` reads
+another site-packages directory instead (its distributions only, no standard library).
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import functools
+import hashlib
+import heapq
+import importlib.metadata
+import json
+import re
+import sys
+import sysconfig
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from ...errors import SourceError
+from .base import Document, Part, PartSizes
+from .pydocs import _pydoc_topics, _stdlib_dir, _stdlib_modules
+
+STDLIB = "python-stdlib"  # the standard library's entries (this Python's environment only)
+EXTRACTION = 3  # bump when what is read from a file changes: another corpus, another identity
+_DOC_SUFFIXES = {".md", ".rst", ".txt"}
+_C_SUFFIXES = {".h", ".hpp", ".cuh", ".c", ".cc", ".cpp"}  # their comments document the C/C++ API
+_C_COMMENT = re.compile(rb"/\*(.*?)\*/|//([^\n]*)", re.S)
+# Documentation files that are not prose about the code: legal text, release notes, metadata.
+_NOT_PROSE = re.compile(
+    r"licen[cs]e|copying|notice|authors|contributors|changelog|changes|history|news|release|"
+    r"requirements|top_level|entry_points|dependency_links|namespace_packages|sources|third.party",
+    re.IGNORECASE,
+)
+_WORD = re.compile(r"[A-Za-z][a-z]*[.,;:!?)'\"]*")
+_PRAGMA = re.compile(r"(noqa|type:|pylint|fmt:|mypy:|pragma|isort:|ruff:|pyright:|-\*-|!)", re.I)
+_LEGAL = re.compile(r"copyright|licen[cs]e|spdx|warrant", re.IGNORECASE)
+_MIN_WORDS = 3  # a comment block this short says little
+_MIN_DOCSTRING = 20  # characters of a class's or function's docstring
+_PROSE_SHARE = 0.6  # of whitespace-separated tokens that are words: prose, not code or data
+_SKETCH, _NEAR, _LONG_LINE = 8, 5, 40  # near copies: 5 of a file's 8 line sketches seen before
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of one distribution that may hold prose (a document)."""
+
+    distribution: str
+    path: str  # relative to the site (or stdlib) directory; "" for a description or the topics
+    kind: str  # module | doc | description | topics
+
+
+@dataclass(frozen=True)
+class Distribution:
+    name: str
+    version: str
+    modules: int
+    doc_files: int
+    c_files: int
+    described: bool
+    copies_skipped: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Listing:
+    entries: tuple[Entry, ...]
+    distributions: tuple[Distribution, ...]
+
+
+def site_dirs() -> tuple[str, ...]:
+    """The running interpreter's site-packages (purelib and platlib, once each)."""
+    paths = sysconfig.get_paths()
+    return tuple(dict.fromkeys(str(Path(paths[key]).resolve()) for key in ("purelib", "platlib")))
+
+
+def _is_prose(text: str, min_words: int = _MIN_WORDS) -> bool:
+    tokens = text.split()
+    if len(tokens) < min_words:
+        return False
+    return sum(bool(_WORD.fullmatch(t.lstrip("(\"'`"))) for t in tokens) >= _PROSE_SHARE * len(tokens)
+
+
+def _editable(dist: importlib.metadata.Distribution) -> bool:
+    text = dist.read_text("direct_url.json")
+    if not text:
+        return False
+    try:
+        return bool(json.loads(text).get("dir_info", {}).get("editable"))
+    except (ValueError, AttributeError):
+        return False
+
+
+def _kind(path: PurePosixPath) -> str | None:
+    """module, doc or None (not read) for one RECORD path."""
+    parts = path.parts
+    if not parts or parts[0].endswith((".dist-info", ".egg-info", ".data")) or "__pycache__" in parts:
+        return None
+    if path.suffix == ".py":
+        return "module"
+    if path.suffix in _C_SUFFIXES:
+        return "csource"
+    if path.suffix.lower() in _DOC_SUFFIXES and not any(_NOT_PROSE.search(p) for p in parts):
+        return "doc"
+    return None
+
+
+def _content_hash(hash_field: str, data: bytes) -> str:
+    """The content hash RECORD gives (`sha256=<urlsafe base64>`), else the file's own sha256."""
+    if hash_field.startswith("sha256="):
+        return hash_field
+    digest = hashlib.sha256(data).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+class Copies:
+    """Files already listed, by exact content hash and by a sketch of their lines: a vendored copy
+    that changed a few lines (imports renamed, a version bumped) is a near copy. The sketch is the
+    `_SKETCH` smallest CRC-32s of a file's lines of at least `_LONG_LINE` characters (a bottom-k
+    sample of its distinct lines); a file whose sketch shares `_NEAR` of them with the files kept
+    before shares most of its lines with them (about that share in Jaccard terms)."""
+
+    def __init__(self) -> None:
+        self.digests: set[str] = set()
+        self.sketches: set[int] = set()
+
+    def seen(self, digest: str, data: bytes) -> bool:
+        """Whether the file is a copy; else it is recorded as seen."""
+        if digest in self.digests:
+            return True
+        lines = {zlib.crc32(line) for line in map(bytes.strip, data.splitlines()) if len(line) >= _LONG_LINE}
+        sketch = heapq.nsmallest(_SKETCH, lines)
+        if len(sketch) == _SKETCH and sum(key in self.sketches for key in sketch) >= _NEAR:
+            return True
+        self.digests.add(digest)
+        self.sketches.update(sketch)
+        return False
+
+
+def _description(dist: importlib.metadata.Distribution) -> str:
+    metadata = dist.metadata
+    text = metadata["Description"] or ""  # the header (older metadata), else the body
+    payload = getattr(metadata, "get_payload", None)  # the METADATA body (Metadata-Version 2.1+)
+    if not text and payload is not None:
+        text = payload() or ""
+    return text if isinstance(text, str) else ""
+
+
+@functools.lru_cache(maxsize=4)
+def installed(roots: tuple[str, ...]) -> dict[str, importlib.metadata.Distribution]:
+    """The distributions in `roots` by normalized name (PEP 503)."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    for dist in importlib.metadata.distributions(path=list(roots)):
+        name = re.sub(r"[-_.]+", "-", (dist.metadata["Name"] or "").lower())
+        if name and name not in found:  # the first on the path is the one Python imports
+            found[name] = dist
+    return found
+
+
+def _stdlib(entries: list[Entry], copies: Copies) -> Distribution:
+    """The interpreter's own documentation first, as source=pydocs reads it: the pydoc topics (one
+    entry, a document per topic), then the standard library's modules in path order."""
+    root = _stdlib_dir()
+    entries.append(Entry(STDLIB, "", "topics"))
+    modules = size = skipped = 0
+    for path in _stdlib_modules():
+        data = path.read_bytes()
+        if copies.seen(_content_hash("", data), data):
+            skipped += 1
+            continue
+        entries.append(Entry(STDLIB, path.relative_to(root).as_posix(), "module"))
+        modules += 1
+        size += len(data)
+    return Distribution(STDLIB, sys.version.split()[0], modules, 0, 0, False, skipped, size)
+
+
+@functools.lru_cache(maxsize=4)
+def list_environment(roots: tuple[str, ...], stdlib: bool = False) -> Listing:
+    """Every file of the distributions installed in `roots` that may hold prose, in corpus order
+    (with `stdlib`, the standard library's first)."""
+    found = installed(roots)
+    entries: list[Entry] = []
+    copies = Copies()
+    summaries: list[Distribution] = [_stdlib(entries, copies)] if stdlib else []
+    for name in sorted(found):
+        dist = found[name]
+        if _editable(dist):
+            continue
+        base = Path(str(dist.locate_file("")))
+        counts = {"module": 0, "doc": 0, "csource": 0}
+        skipped = size = 0
+        rows = sorted((str(f), f) for f in dist.files or ())
+        for text_path, record in rows:
+            kind = _kind(PurePosixPath(text_path))
+            if kind is None:
+                continue
+            try:
+                data = (base / text_path).read_bytes()
+            except OSError:  # listed in RECORD, removed since: not part of the environment
+                continue
+            field_ = f"{record.hash.mode}={record.hash.value}" if record.hash else ""
+            if copies.seen(_content_hash(field_, data), data):
+                skipped += 1
+                continue
+            entries.append(Entry(name, text_path, kind))
+            counts[kind] += 1
+            size += len(data)
+        described = False
+        description = _description(dist)
+        text = description.encode()
+        if _is_prose(description, 20) and not copies.seen(hashlib.sha256(text).hexdigest(), text):
+            entries.append(Entry(name, "", "description"))
+            described = True
+        summaries.append(
+            Distribution(
+                name,
+                dist.version,
+                counts["module"],
+                counts["doc"],
+                counts["csource"],
+                described,
+                skipped,
+                size,
+            )
+        )
+    return Listing(tuple(entries), tuple(summaries))
+
+
+def _string_lines(tree: ast.AST) -> set[int]:
+    """Lines inside multi-line string literals (a `#` there is text, not a comment)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            end = node.end_lineno or node.lineno
+            if end > node.lineno:
+                lines.update(range(node.lineno + 1, end + 1))
+    return lines
+
+
+def _comment_blocks(source: str, inside_strings: set[int]) -> Iterator[tuple[int, str]]:
+    """(first line, text) of each run of full-line comments that reads as prose."""
+    block: list[str] = []
+    start = last = -2
+    for number, line in enumerate(source.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("#") and number not in inside_strings:
+            body = stripped.lstrip("#").strip()
+            if _PRAGMA.match(body):
+                continue
+            if number != last + 1 and block:
+                yield start, " ".join(block)
+                block = []
+            if not block:
+                start = number
+            if body:
+                block.append(body)
+            last = number
+    if block:
+        yield start, " ".join(block)
+
+
+def module_prose(data: bytes) -> str:
+    """A module's docstrings (each class's or function's after its name, if over 20 characters)
+    and its comment blocks that read as prose (not code commented out, not legal text), in source
+    order; a repeated passage once."""
+    try:
+        tree = ast.parse(data)
+        source = data.decode("utf-8")
+    except (SyntaxError, ValueError, UnicodeDecodeError):
+        return ""
+    pieces: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node)
+            if doc and (node is tree or len(doc) > _MIN_DOCSTRING):  # examples and all: documentation
+                line = node.body[0].lineno if node.body else 0
+                title = "" if isinstance(node, ast.Module) else f"{node.name}\n"
+                pieces.append((line, title + doc))
+    for line, text in _comment_blocks(source, _string_lines(tree)):
+        if _is_prose(text) and not _LEGAL.search(text):
+            pieces.append((line, text))
+    pieces.sort(key=lambda piece: piece[0])
+    return "\n\n".join(dict.fromkeys(text for _, text in pieces))
+
+
+def c_prose(data: bytes) -> str:
+    """A C or C++ file's comments that read as prose (`/* */` blocks, runs of `//` lines), in order."""
+    pieces: list[str] = []
+    run: list[str] = []
+    line = position = 0
+    last = -2
+    for match in _C_COMMENT.finditer(data):
+        line += data.count(b"\n", position, match.start())
+        position = match.start()
+        block, single = match.group(1), match.group(2)
+        alone = not data[data.rfind(b"\n", 0, match.start()) + 1 : match.start()].strip()
+        if single is not None and alone and line == last + 1:
+            run.append(single.decode("utf-8", "replace").strip("/! ").strip())
+        else:
+            pieces.append(" ".join(run))
+            run = []
+            if single is not None:
+                run = [single.decode("utf-8", "replace").strip("/! ").strip()]
+            else:
+                text = block.decode("utf-8", "replace")
+                pieces.append(re.sub(r"^\s*\*+ ?", "", text, flags=re.M).strip("*! \n"))
+        last = line + (block.count(b"\n") if block is not None else 0) if alone else -2
+    pieces.append(" ".join(run))
+    kept = [p for p in pieces if _is_prose(p) and not _LEGAL.search(p)]
+    return "\n\n".join(dict.fromkeys(kept))
+
+
+def doc_prose(data: bytes) -> str:
+    """A documentation file's text when it reads as prose, else ""."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return ""
+    return text if _is_prose(text, 20) else ""
+
+
+@dataclass(frozen=True)
+class PkgdocsSource:
+    """The installed distributions' prose; `roots` are the site directories (this Python's by default,
+    `source.path` names another, e.g. a copy of an environment)."""
+
+    roots: tuple[str, ...]
+    stdlib: bool = False  # this Python's environment: its standard library's docs come first
+    sizes: PartSizes = field(default_factory=PartSizes)
+    kind: str = "pkgdocs"
+
+    @classmethod
+    def from_config(cls, source, sizes: PartSizes) -> PkgdocsSource:
+        path = getattr(source, "path", None)
+        if not path:
+            return cls(roots=site_dirs(), stdlib=True, sizes=sizes)
+        root = Path(str(path)).expanduser()
+        if not root.is_dir():
+            raise SourceError(
+                f"source.path={path!s} is not a directory; give a site-packages directory, or "
+                "source.path=null for this Python's"
+            )
+        return cls(roots=(str(root.resolve()),), sizes=sizes)
+
+    def listing(self) -> Listing:
+        listing = list_environment(self.roots, self.stdlib)
+        if not listing.entries:
+            raise SourceError(
+                f"source=pkgdocs: no installed distribution with documentation in {', '.join(self.roots)}; "
+                "give source.path a site-packages directory with *.dist-info folders"
+            )
+        return listing
+
+    def identity(self) -> dict:
+        # Not where the environment is, but what it holds: the same packages anywhere are one corpus.
+        return {
+            "kind": "pkgdocs",
+            "python": sys.version.split()[0],
+            "extraction": EXTRACTION,
+            "distributions": {
+                d.name: d.version for d in list_environment(self.roots, self.stdlib).distributions
+            },
+        }
+
+    def parts(self) -> Iterator[Part]:
+        count, step = len(self.listing().entries), 4 * self.sizes.pydocs_modules
+        for start in range(0, count, step):
+            yield Part(kind="pkgdocs", start=start, stop=min(start + step, count))
+
+    def read(self, part: Part) -> Iterator[Document]:
+        listing = self.listing()
+        for entry in listing.entries[part.start : part.stop]:
+            origin = f"{entry.distribution}:{entry.path or 'METADATA description'}"
+            if entry.kind == "topics":
+                for name, text in sorted(_pydoc_topics().items()):
+                    yield Document(text=text, origin=f"pydoc_data.topics[{name!r}]")
+                continue
+            if entry.distribution == STDLIB:
+                yield Document(text=module_prose((_stdlib_dir() / entry.path).read_bytes()), origin=origin)
+                continue
+            dist = installed(self.roots)[entry.distribution]
+            if entry.kind == "description":
+                yield Document(text=_description(dist), origin=origin)
+                continue
+            file = Path(str(dist.locate_file(entry.path)))
+            try:
+                data = file.read_bytes()
+            except OSError as error:
+                raise SourceError(f"source=pkgdocs: {file} cannot be read ({error}); reinstall it") from error
+            text = module_prose(data) if entry.kind == "module" else doc_prose(data)
+            if entry.kind == "csource":
+                text = c_prose(data)
+            yield Document(text=text, origin=origin)
+
+    def provenance(self) -> dict:
+        """Where the text comes from, for inspect-data: the distributions and what each gave."""
+        listing = self.listing()
+        dists = listing.distributions
+        largest = sorted(dists, key=lambda d: (-d.bytes, d.name))[:10]
+        return {
+            "python": sys.version.split()[0],
+            "distributions": len(dists),
+            "modules": sum(d.modules for d in dists),
+            "doc_files": sum(d.doc_files for d in dists),
+            "c_files": sum(d.c_files for d in dists),
+            "descriptions": sum(d.described for d in dists),
+            "copies_skipped": sum(d.copies_skipped for d in dists),
+            "files_bytes": sum(d.bytes for d in dists),
+            "largest": {
+                d.name: f"{d.version}: {d.modules:,} modules, {d.doc_files} docs, {d.c_files:,} C/C++, "
+                f"{d.bytes / 1e6:.1f} MB"
+                for d in largest
+            },
+        }
+
+    def describe(self) -> str:
+        count = len(list_environment(self.roots, self.stdlib).distributions)
+        return f"source=pkgdocs (the docs of {count} distributions in {', '.join(self.roots)})"
+
+    def is_small(self) -> bool:
+        return False
