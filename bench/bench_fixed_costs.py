@@ -11,7 +11,8 @@ rounds, the order flipped every round (a shared machine's load hits both alike);
 round, reported as median [min, max] over the rounds, with the load average seen.
 
 Launch to first step: from just before the process starts to the moment its line for step 1 reaches
-this process (the project's progress line `step 1/2`, flushed; the peer's step event). Peak RSS: the
+this process (the project's progress line `step 1/2`, flushed; the peer's step event), and the
+process's CPU seconds (/proc) by then: on a loaded machine the wall ratio measures the load too. Peak RSS: the
 child's ru_maxrss, started from bench/measure_child.py (a small process: Linux carries a parent's
 high-water mark into a forked child). Where the time and the extra megabytes go: one more run of
 each, the project's under bench/phase_probe.py, with the time, CPU seconds and VmHWM after each
@@ -111,6 +112,15 @@ def _capture(tmp: Path) -> Path:
     return path
 
 
+def _cpu_seconds(pid_file: Path) -> float | None:
+    """User + system CPU seconds so far of the process whose pid the file holds (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid_file.read_text().strip()}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def _spawn(command: list[str], first_step: str, stderr: Path) -> dict:
     """Run `command` (through measure_child.py: its own peak RSS); wall seconds to its exit and to its
     first stdout line that contains `first_step`, CPU seconds, peak RSS in MB."""
@@ -126,8 +136,11 @@ def _spawn(command: list[str], first_step: str, stderr: Path) -> dict:
             text=True,
         )
         assert child.stdout is not None
+        first_cpu = None
         for line in child.stdout:
             lines.append((time.time(), line))  # the same clock as measure_child's `started`
+            if first_cpu is None and first_step in line:
+                first_cpu = _cpu_seconds(Path(f"{measured}.pid"))
         child.wait()
     if child.returncode:
         raise RuntimeError(f"{command} exited {child.returncode}: {stderr.read_text()[-3000:]}")
@@ -135,6 +148,7 @@ def _spawn(command: list[str], first_step: str, stderr: Path) -> dict:
     first = next((t for t, line in lines if first_step in line), None)
     assert first is not None, f"no {first_step!r} line in {[line for _, line in lines]}"
     result["first_step"] = first - result["started"]
+    result["first_step_cpu"] = first_cpu
     result["stdout"] = [line for _, line in lines]
     return result
 
@@ -279,18 +293,26 @@ def run(rounds: int = ROUNDS) -> dict:
         "launch to first step": [p["project"]["first_step"] / p["peer"]["first_step"] for p in pairs],
         "peak RSS": [p["project"]["peak_rss_mb"] / p["peer"]["peak_rss_mb"] for p in pairs],
         "CPU seconds": [p["project"]["cpu"] / p["peer"]["cpu"] for p in pairs],
+        "CPU seconds to first step": [
+            p["project"]["first_step_cpu"] / p["peer"]["first_step_cpu"]
+            for p in pairs
+            if p["project"]["first_step_cpu"] and p["peer"]["first_step_cpu"]
+        ],
     }
+    ratios = {measure: values for measure, values in ratios.items() if values}  # /proc may be missing
     units = {
         "whole process": "wall s",
         "launch to first step": "wall s",
         "peak RSS": "MB",
         "CPU seconds": "s",
+        "CPU seconds to first step": "s",
     }
     keys = {
         "whole process": "wall",
         "launch to first step": "first_step",
         "peak RSS": "peak_rss_mb",
         "CPU seconds": "cpu",
+        "CPU seconds to first step": "first_step_cpu",
     }
     rows = []
     for measure, values in ratios.items():
@@ -299,8 +321,8 @@ def run(rounds: int = ROUNDS) -> dict:
         rows.append(
             {
                 "measure": f"{measure} ({units[measure]})",
-                "project": round(statistics.median(p["project"][key] for p in pairs), 2),
-                "peer": round(statistics.median(p["peer"][key] for p in pairs), 2),
+                "project": round(statistics.median(p["project"][key] or 0.0 for p in pairs), 2),
+                "peer": round(statistics.median(p["peer"][key] or 0.0 for p in pairs), 2),
                 "project / peer": _spread(values),
                 "target": f"<= {target}" if target else "",
                 "verdict": ("PASS" if statistics.median(values) <= target else "FAIL") if target else "",

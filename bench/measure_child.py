@@ -20,6 +20,8 @@ def main(out: str, command: list[str]) -> int:
     started_wall, started_monotonic = time.time(), time.monotonic()
     started = time.perf_counter()
     child = subprocess.Popen(command)
+    with open(f"{out}.pid", "w") as handle:  # the parent reads COMMAND's CPU time while it runs
+        handle.write(str(child.pid))
     _, status, usage = os.wait4(child.pid, 0)
     seconds = time.perf_counter() - started
     code = os.waitstatus_to_exitcode(status)
