@@ -3,6 +3,7 @@
 import sys
 
 try:
+    from pretrain.fast_exit import exit_now
     from pretrain.training.preemption import Interrupted, install_early
 except ModuleNotFoundError as missing:  # run outside the project's environment: say how to enter it
     print(
@@ -215,3 +216,4 @@ if __name__ == "__main__":
     except Interrupted as interrupted:  # before training started, or a second Ctrl-C
         sys.stderr.flush()
         raise SystemExit(interrupted.exit_code) from None
+    exit_now(0)  # a run that returned: its files are written; skip the interpreter's teardown

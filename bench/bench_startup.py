@@ -37,8 +37,9 @@ WATCHED = [
     "sympy",
     "torch._dynamo",
     "wandb",
+    "scipy",
 ]
-OPTIONAL = ["transformers", "matplotlib", "sympy", "torch._dynamo", "wandb"]
+OPTIONAL = ["transformers", "matplotlib", "scipy", "sympy", "torch._dynamo", "wandb"]
 
 
 def _env(**extra: str) -> dict[str, str]:

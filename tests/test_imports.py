@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OPTIONAL = ["transformers", "matplotlib", "wandb", "datasets"]
+OPTIONAL = ["transformers", "matplotlib", "wandb", "datasets", "scipy"]
 # torchmetrics' flags for the integrations it imports at start-up when they are installed.
 FLAGS = (
     "import torchmetrics.utilities.imports as f\n"
@@ -29,7 +29,7 @@ def _fresh(statement: str) -> dict:
     return {"loaded": loaded, "flags": flags}
 
 
-def test_training_imports_lightning_without_transformers_matplotlib_or_wandb():
+def test_training_imports_lightning_without_transformers_matplotlib_wandb_or_scipy():
     seen = _fresh("import pretrain.training.run, pretrain.training.module, pretrain.training.loggers")
     assert seen["loaded"].pop("lightning")
     assert not any(seen["loaded"].values()), seen["loaded"]
@@ -37,5 +37,8 @@ def test_training_imports_lightning_without_transformers_matplotlib_or_wandb():
 
 
 def test_torchmetrics_is_untouched_without_pretrain_training():
-    # Both integrations are installed here (the hf and dev extras): plain torchmetrics sees them.
-    assert _fresh("")["flags"] == [True, True]
+    # Both integrations are installed here (the hf and dev extras): plain torchmetrics sees them,
+    # and imports scipy (scipy.signal, for an audio metric's dependency) as it starts.
+    plain = _fresh("")
+    assert plain["flags"] == [True, True]
+    assert plain["loaded"]["scipy"]

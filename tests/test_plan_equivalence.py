@@ -215,3 +215,44 @@ def test_firstfit_sampler_epochs_are_the_reference_plans():
         np.testing.assert_array_equal(plan.layout.ptr, ptr)
         np.testing.assert_array_equal(plan.layout.item_id, order[seq])
         assert plan.order is None  # packs are served in the order they were emitted
+
+
+def test_small_inputs_plan_without_the_kernels_and_a_run_does_not_import_numba(monkeypatch):
+    """Below KERNEL_MIN_ITEMS the references plan (the same packs); in a fresh process a smoke-sized
+    chunk table and its three plans leave numba (and the scipy.linalg it loads) unimported."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers.env import REPO
+
+    monkeypatch.delenv("PRETRAIN_NUMBA_MIN_ITEMS")
+    lengths = fineweb_like_lengths(500, seed=3).clip(max=512)
+    assert packing.numba_kernels(len(lengths)) is None
+    assert packing.numba_kernels(packing.KERNEL_MIN_ITEMS) is not None
+    monkeypatch.setenv("PRETRAIN_NUMBA_MIN_ITEMS", "0")
+    kernels = (best_fit_buffered(lengths, 512, 64), best_fit_decreasing(lengths, 512))
+    monkeypatch.setenv("PRETRAIN_NUMBA_MIN_ITEMS", "1000")
+    assert packing.numba_kernels(len(lengths)) is None
+    assert_same(best_fit_buffered(lengths, 512, 64), kernels[0])
+    assert_same(best_fit_decreasing(lengths, 512), kernels[1])
+    monkeypatch.setenv("PRETRAIN_NUMBA_MIN_ITEMS", "many")
+    with pytest.raises(ValueError, match="PRETRAIN_NUMBA_MIN_ITEMS='many' must be a whole number"):
+        packing.numba_kernels(10)
+    code = (
+        "import json, sys\n"
+        "import numpy as np\n"
+        "from pretrain.data.chunking import chunk_table\n"
+        "from pretrain.data.packing import best_fit_buffered, best_fit_decreasing, first_fit_online\n"
+        "from pretrain.data.synthetic import fineweb_like_lengths\n"
+        "lengths = fineweb_like_lengths(600)\n"
+        "table = chunk_table(np.zeros(len(lengths), dtype=np.int64), lengths, 128)\n"
+        "best_fit_buffered(table.length, 128, 64); best_fit_decreasing(table.length, 128)\n"
+        "first_fit_online(table.length, 128, 8)\n"
+        "print(json.dumps([m in sys.modules for m in ('numba', 'scipy')]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PRETRAIN_NUMBA_MIN_ITEMS"}
+    env["PYTHONPATH"] = str(REPO / "src")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, False]

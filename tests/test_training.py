@@ -271,3 +271,49 @@ def test_the_last_step_validates_once_whether_or_not_it_is_a_validation_step(
     assert steps == validated
     assert sorted(read_metrics(out)["val/loss"]) == validated
     assert summary["metrics"]["val/loss"] == read_metrics(out)["val/loss"][4]
+
+
+class _KeepModule(L.Callback):
+    """Holds the run's LightningModule and optimizer past fit, as a user's callback may."""
+
+    def on_train_end(self, trainer, pl_module):
+        self.module, self.optimizer = pl_module, trainer.optimizers[0]
+
+
+def test_a_single_runs_plot_is_drawn_after_its_training_state_is_released(tmp_path, cache_root, monkeypatch):
+    from pretrain.training import run as run_file
+
+    kept, seen = _KeepModule(), {}
+
+    def plot(directory: Path) -> Path:
+        module, optimizer = kept.module, kept.optimizer
+        seen["devices"] = {p.device.type for p in module.parameters()}
+        seen["optimizer state"] = len(optimizer.state)
+        seen["on disk"] = sorted(p.name for p in directory.iterdir())
+        return directory / "compare.png"
+
+    monkeypatch.setattr(run_file, "_hydra_mode", lambda: "RUN")  # a single run under Hydra plots
+    monkeypatch.setattr(run_file, "_output_dir", lambda configured: Path(configured))
+    out = tmp_path / "run"
+    summary = train(compose(out, "train.max_steps=2"), callbacks=[kept], plot_run=plot)
+    assert seen["devices"] == {"meta"}  # the weights' storage is freed
+    assert seen["optimizer state"] == 0  # so are AdamW's moments
+    assert {"run.json", "config.yaml", "metrics.csv", "checkpoints"} <= set(seen["on disk"])
+    assert summary["metrics"]["val/loss"] > 0  # the summary was taken before
+    assert json.loads((out / "run.json").read_text())["steps"] == 2
+
+
+def test_a_multirun_job_leaves_its_plot_to_compare_also_with_wandb(tmp_path, cache_root, monkeypatch):
+    from pretrain.training import run as run_file
+
+    for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        (tmp_path / name).mkdir()
+        monkeypatch.setenv(name, str(tmp_path / name))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    drawn: list[Path] = []
+    monkeypatch.setattr(run_file, "_hydra_mode", lambda: "MULTIRUN")
+    monkeypatch.setattr(run_file, "_output_dir", lambda configured: Path(configured))
+    out = tmp_path / "job"
+    train(compose(out, "train.max_steps=2", "logger=wandb"), plot_run=lambda d: drawn.append(d) or d)
+    assert drawn == []
+    assert (out / "run.json").is_file()

@@ -23,6 +23,10 @@ OFFLINE_ENV = {
 }
 os.environ.update(OFFLINE_ENV)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+# The planners' numba kernels for inputs of every size (a run skips them below KERNEL_MIN_ITEMS), so
+# that the suite's small inputs test the kernels against the references; test_plan_equivalence.py
+# tests the threshold itself.
+os.environ["PRETRAIN_NUMBA_MIN_ITEMS"] = "0"
 # Never the user's cache: a session root, replaced per test by `offline` unless a module set its own.
 _SESSION_CACHE_ROOT = tempfile.mkdtemp(prefix="pretrain-tests-cache-")
 os.environ["PRETRAIN_CACHE_ROOT"] = _SESSION_CACHE_ROOT

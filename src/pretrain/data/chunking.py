@@ -95,7 +95,7 @@ def chunk_table(offsets: np.ndarray, lengths: np.ndarray, max_seq_len: int) -> C
     if len(pairs) and pairs.min() < 1:
         raise ValueError("every cached document must have at least one token before its EOS")
     counts = -(-pairs // max_seq_len)
-    kernels = numba_kernels()
+    kernels = numba_kernels(len(pairs))
     if kernels is not None and len(pairs) < 2**31:  # no temporaries: 16 bytes per chunk, written once
         doc, start, length = kernels.chunk_table_kernel(offsets, pairs, max_seq_len, int(counts.sum()))
         return ChunkTable(doc=doc, start=start, length=length, max_seq_len=max_seq_len)

@@ -12,7 +12,8 @@ A packing is returned as `(items, ptr)`: pack p holds items[ptr[p] : ptr[p + 1]]
 
 The three planners run as numba kernels (packing_kernels.py) when numba is importable: a
 10B-token epoch (~13M chunks) plans in about a second, in flat arrays only. Without numba (or with
-`PRETRAIN_NO_NUMBA=1`) the pure-Python reference implementations run instead
+`PRETRAIN_NO_NUMBA=1`, or for an input under KERNEL_MIN_ITEMS items, where loading the kernels
+costs more than they save) the pure-Python reference implementations run instead
 (`_best_fit_buffered_reference`, `_best_fit_decreasing_reference`, `_first_fit_online_reference`):
 the same packs, exactly, item for item (tests/test_plan_equivalence.py), only slower.
 """
@@ -49,11 +50,31 @@ def _check_lengths(lengths: np.ndarray, capacity: int, keep_dtype: bool = False)
     return lengths
 
 
-def numba_kernels() -> ModuleType | None:
-    """The compiled planners (packing_kernels), or None when numba is not importable or
-    `PRETRAIN_NO_NUMBA` is set (checked on every call; the import happens once)."""
+KERNEL_MIN_ITEMS = 32_768
+"""Inputs with fewer items than this plan (and chunk) without the kernels: at their first use they
+cost their import, numba, llvmlite and scipy.linalg (~0.6 CPU s and ~90 MB here: a smoke run's
+start-up, bench/bench_fixed_costs.py), while the references take under ~0.1 s at this size. The
+result is the same either way. `PRETRAIN_NUMBA_MIN_ITEMS` sets another threshold (0: always)."""
+
+
+def _min_items() -> int:
+    value = os.environ.get("PRETRAIN_NUMBA_MIN_ITEMS", "")
+    try:
+        return int(value) if value else KERNEL_MIN_ITEMS
+    except ValueError:
+        raise ValueError(
+            f"PRETRAIN_NUMBA_MIN_ITEMS={value!r} must be a whole number (0: always numba)"
+        ) from None
+
+
+def numba_kernels(items: int | None = None) -> ModuleType | None:
+    """The compiled planners (packing_kernels) for an input of `items` items, or None when numba is
+    not importable, `PRETRAIN_NO_NUMBA` is set, or `items` is below the threshold (KERNEL_MIN_ITEMS;
+    both checked on every call; the import happens once)."""
     global _kernels
     if os.environ.get("PRETRAIN_NO_NUMBA", "") not in ("", "0"):
+        return None
+    if items is not None and items < _min_items():
         return None
     if _kernels is False:
         try:
@@ -82,7 +103,7 @@ def best_fit_decreasing(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray,
     order (int64 both). numba kernel when available, else `_best_fit_decreasing_reference`.
     """
     lengths = _check_lengths(lengths, capacity, keep_dtype=True)
-    kernels = numba_kernels()
+    kernels = numba_kernels(len(lengths))
     if kernels is None or len(lengths) > _KERNEL_MAX_ITEMS or capacity > kernels.MAX_KEY:
         return _best_fit_decreasing_reference(lengths, capacity)
     return kernels.best_fit_decreasing_kernel(lengths, int(capacity))
@@ -104,7 +125,7 @@ def best_fit_buffered(
     """
     if buffer < 1:
         raise ValueError(f"data.packing_buffer must be >= 1, got {buffer}")
-    kernels = numba_kernels()
+    kernels = numba_kernels(len(lengths) if order is None else len(order))
     fast = kernels is not None and capacity <= kernels.MAX_KEY
     if order is not None:
         order = np.asarray(order)
@@ -144,7 +165,7 @@ def first_fit_online(
         raise ValueError(f"data.open_bins must be >= 1, got {open_bins}")
     # More bins than items never all fill: capping changes nothing but the kernels' allocations.
     open_bins = max(1, min(int(open_bins), len(lengths) if order is None else len(order)))
-    kernels = numba_kernels()
+    kernels = numba_kernels(len(lengths) if order is None else len(order))
     if order is not None:
         order = np.asarray(order)
         _check_lengths(lengths, capacity, keep_dtype=True)

@@ -1,13 +1,18 @@
-"""Lightning without torchmetrics' optional integrations: no transformers, no matplotlib at start-up.
+"""Lightning without torchmetrics' optional integrations: no transformers, matplotlib or scipy at start-up.
 
-`import lightning` imports torchmetrics (to read its version), and torchmetrics imports transformers
-(for BERTScore) and matplotlib (for its plots) whenever they are installed: ~1.8 of the ~6 CPU seconds
-of a training run's imports here, for features this project never uses (it logs plain tensors). The
-finder below lets torchmetrics' flag module load as usual, then marks those two integrations absent,
-so torchmetrics skips their imports. Nothing else changes: transformers is still imported where it is
-used (`pretrain export`, hf.py), matplotlib by `pretrain compare`. Installed by pretrain.training's
-`__init__`, i.e. before any module of this package imports Lightning; without effect if torchmetrics
-was imported earlier.
+`import lightning` imports torchmetrics (to read its version, and for `Metric` in its logging), and
+torchmetrics imports transformers (for BERTScore) and matplotlib (for its plots) whenever they are
+installed, and `scipy.signal` (only to add `scipy.signal.hamming` back for an audio metric's
+dependency, SRMRpy): ~1.8 and ~1.0 of a training run's imports here (bench/bench_startup.py), for
+features this project never uses (it logs plain tensors). The finder below lets torchmetrics load as
+usual, except that its flag module marks those integrations absent and its package `__init__` sees
+scipy as not installed, so torchmetrics skips their imports. Nothing else changes: transformers is
+still imported where it is used (`pretrain export`, hf.py), matplotlib and scipy by `pretrain
+compare`. Installed by pretrain.training's `__init__`, i.e. before any module of this package imports
+Lightning; without effect if torchmetrics was imported earlier.
+
+Not cut, because the minimal loop pays them too: torch._dynamo and sympy (Lightning imports
+torch._dynamo for `OptimizedModule`, but torch's own `Optimizer.step` imports it at the first update).
 """
 
 from __future__ import annotations
@@ -15,38 +20,72 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 FLAG_MODULE = "torchmetrics.utilities.imports"
-# torchmetrics' availability flags of the integrations it would import at start-up.
+PACKAGE = "torchmetrics"
+# torchmetrics' availability flags of the integrations it would import at start-up (`_SCIPI_AVAILABLE`,
+# sic, guards only the scipy.signal.hamming patch of its audio packages).
 SKIPPED_FLAGS = (
     "_TRANSFORMERS_AVAILABLE",
     "_TRANSFORMERS_GREATER_EQUAL_4_4",
     "_TRANSFORMERS_GREATER_EQUAL_4_10",
     "_MATPLOTLIB_AVAILABLE",
+    "_SCIPI_AVAILABLE",
 )
+# What torchmetrics' own `__init__` asks `package_available` for and imports when it is installed.
+HIDDEN_FROM_INIT = ("scipy",)
+
+
+def _mark_absent(load: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+    def exec_module(module: ModuleType) -> None:
+        load(module)
+        for flag in SKIPPED_FLAGS:
+            if hasattr(module, flag):
+                setattr(module, flag, False)
+
+    return exec_module
+
+
+def _hide_from_init(load: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+    """torchmetrics' `__init__` run with `package_available` saying no for HIDDEN_FROM_INIT (it binds
+    the name from lightning_utilities when it starts; both are restored when it is done)."""
+
+    def exec_module(module: ModuleType) -> None:
+        from lightning_utilities.core import imports
+
+        available = imports.package_available
+
+        def package_available(name: str) -> bool:
+            return name not in HIDDEN_FROM_INIT and available(name)
+
+        imports.package_available = package_available  # type: ignore[assignment]
+        try:
+            load(module)
+        finally:
+            imports.package_available = available
+            if getattr(module, "package_available", None) is package_available:
+                module.package_available = available  # type: ignore[attr-defined]
+
+    return exec_module
+
+
+WRAPPED = {FLAG_MODULE: _mark_absent, PACKAGE: _hide_from_init}
 
 
 class _SkipOptionalIntegrations(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != FLAG_MODULE:
+        wrap = WRAPPED.get(fullname)
+        if wrap is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         loader = getattr(spec, "loader", None)
         if spec is None or not isinstance(loader, importlib.abc.Loader):
             return None
-        load = loader.exec_module
-
-        def exec_module(module: ModuleType) -> None:
-            load(module)
-            for flag in SKIPPED_FLAGS:
-                if hasattr(module, flag):
-                    setattr(module, flag, False)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
+        loader.exec_module = wrap(loader.exec_module)  # type: ignore[method-assign,assignment]
         return spec
 
 

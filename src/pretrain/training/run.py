@@ -45,6 +45,7 @@ from .module import PretrainModule
 from .preemption import FINISHING, TRAINING, Interrupted, Signals, active, exit_code
 from .progress import StepProgressBar, progress_callbacks, warn_if_slow_on_cpu
 from .recorder import BatchRecorder
+from .release import release_training_state
 from .rundir import RunLock, check_fresh_start, claimed_here, is_rank_zero, remove_checkpoints
 
 _NOISE = (
@@ -500,11 +501,16 @@ def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None
     plot = None
     if trainer.is_global_zero:
         _write_outputs(output_dir, summary, config)
-        # A single run under Hydra, and every W&B run, get their comparison plot (config.yaml first:
-        # the plot's label reads it); not a stopped one: its grace time is short.
-        wants_plot = plot_run is not None and (_hydra_mode() == "RUN" or config.logger.kind == "wandb")
+        # A single run under Hydra, and a W&B run outside a multirun, get their comparison plot
+        # (config.yaml first: the plot's label reads it), drawn once the training state is released;
+        # not a stopped one: its grace time is short. A multirun's plots are `pretrain compare`'s.
+        mode = _hydra_mode()
+        wants_plot = plot_run is not None and (
+            mode == "RUN" or (config.logger.kind == "wandb" and mode is None)
+        )
         if wants_plot and stopped_by is None and signals.late is None and interrupted is None:
             assert plot_run is not None
+            release_training_state(trainer)
             plot = plot_run(output_dir)
     if interrupted is None:
         finish_loggers(trainer, summary, plot)  # W&B: the summary row and the plot, then the run ends
