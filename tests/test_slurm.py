@@ -38,7 +38,7 @@ from helpers.slurm import (
 
 REPO = Path(__file__).resolve().parents[1]
 SBATCH = REPO / "scripts" / "slurm" / "train.sbatch"
-STEPS = 20
+STEPS = 30  # enough updates that a signal sent at update 2 lands before the last, also on a fast machine
 TINY = [
     "experiment=smoke",
     "model.n_layer=1",
@@ -107,7 +107,7 @@ def the_run_dir(workdir: Path, job: str) -> Path:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, cache_root, slurm_cluster) -> Path:
-    """The reference: 2 tasks of train.sbatch, 20 updates without a signal."""
+    """The reference: 2 tasks of train.sbatch, STEPS updates without a signal."""
     jobs = Jobs()
     workdir = tmp_path_factory.mktemp("uninterrupted")
     try:
