@@ -166,9 +166,11 @@ def run() -> None:
 
     from pretrain.config import register_schema
     from pretrain.training.rundir import register_run_dir_resolver
+    from pretrain.training.slurm_resources import register_slurm_resolvers
 
     register_schema()  # conf/train.yaml is typed by pretrain.config's schema
     register_run_dir_resolver()  # ${pretrain.run_dir:...}: SLURM job directories, unique ones elsewhere
+    register_slurm_resolvers()  # ${pretrain.slurm_tasks:...}, ${pretrain.slurm_gpus:...}: launcher=slurm
 
     @hydra.main(config_path="conf", config_name="train", version_base="1.3")
     def main(cfg: DictConfig) -> None:

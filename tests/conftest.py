@@ -7,6 +7,7 @@ import inspect
 import os
 import re
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 # Importing any helper first sets the offline environment (helpers/env.py), before the hub libraries load.
 from helpers.configs import compose, local_overrides
 from helpers.env import _SESSION_CACHE_ROOT, OFFLINE_ENV
+from helpers.slurm import Jobs, skip_or_fail, slurm_unavailable
 from helpers.sources import write_jsonl, write_parquet
 from helpers.texts import fixture_texts
 
@@ -74,6 +76,23 @@ def make_cfg(tmp_path, corpus_texts):
     return make
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster() -> None:
+    """A Slurm that runs jobs (scripts/slurm_local.sh start): skipped with the reason without one,
+    failed instead under PRETRAIN_REQUIRE_SLURM=1 (CI). Tests using it are marked `slurm`."""
+    reason = slurm_unavailable()
+    if reason is not None:
+        skip_or_fail(reason)
+
+
+@pytest.fixture
+def slurm_jobs(slurm_cluster) -> Iterator[Jobs]:
+    """sbatch for a test; its jobs still queued or running when it ends are cancelled."""
+    jobs = Jobs()
+    yield jobs
+    jobs.cancel_all()
+
+
 # --- tiers: `make test` (unit), `make test-e2e`, `make test-all` ----------------------------------
 
 # What makes a test end-to-end: it trains, starts processes or builds the embedded corpus's cache, itself
@@ -129,6 +148,9 @@ def _is_e2e(item) -> bool:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):  # jobs on Slurm: end-to-end too
+            item.add_marker(pytest.mark.slurm)
+            item.add_marker(pytest.mark.e2e)
         if (
             item.get_closest_marker("e2e") is None
             and item.get_closest_marker("slow") is None

@@ -10,6 +10,7 @@ own `src/` is imported (PYTHONPATH). The parsing is checked on every run; the cl
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -24,6 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 MARKER = re.compile(
     r"<!-- readme-test: run(?:, tiny: (?P<tiny>[^>]*?))? -->\n```bash\n(?P<body>.*?)\n```", re.S
 )
+
+
+SLURM_MARKER = re.compile(r"<!-- readme-test: slurm -->\n```bash\n(?P<body>.*?)\n```", re.S)
+"""The README's Slurm example: run on a real Slurm by its own test (the clone run above leaves it out)."""
 
 
 DOC_PAGES = (
@@ -158,6 +163,39 @@ def test_every_marked_readme_command_works_in_a_fresh_clone(tmp_path):
     assert "comparison: outputs/demo/" in proc.stdout
     assert (clone / "concat.json").is_file() and (clone / "eval.json").is_file()
     assert (clone / "my-gpt2" / "model.safetensors").is_file() and (clone / "mine.png").is_file()
+
+
+def test_the_readme_slurm_block_runs_on_a_real_slurm(slurm_cluster, tmp_path):
+    """The README's cluster example, pasted into a fresh clone with its environment activated, on the
+    Slurm that scripts/slurm_local.sh started (PRETRAIN_REQUIRE_SLURM=1 in CI: it cannot be skipped)."""
+    (match,) = SLURM_MARKER.finditer((REPO / "README.md").read_text())
+    commands = [line.split(" # ")[0].strip() for line in match["body"].splitlines()]
+    assert commands[0] == "scripts/slurm_local.sh start"
+    assert any(c.startswith("sbatch --wait") and "scripts/slurm/train.sbatch" in c for c in commands)
+    assert any(c.startswith("python train.py --multirun hydra/launcher=slurm") for c in commands)
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True, timeout=120)
+    (clone / ".venv").symlink_to(Path(sys.prefix))
+    script = ["set -euo pipefail", "source .venv/bin/activate"]
+    for command in commands:
+        script += [f"echo {shlex.quote('$ ' + command)}", command]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SLURM_")}
+    env = {key: value for key, value in env.items() if key not in ("PRETRAIN_CACHE_ROOT", "VIRTUAL_ENV")}
+    env |= {"PYTHONPATH": str(clone / "src"), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    env |= {"HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(
+        ["bash", "-c", "\n".join(script)], cwd=clone, env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (job,) = re.findall(r"Submitted batch job (\d+)", proc.stdout)
+    run = clone / "outputs" / f"slurm-{job}"
+    report = json.loads((run / "run.json").read_text())
+    assert report["status"] == "completed" and report["steps"] == 12  # experiment=smoke's
+    log = (clone / f"slurm-{job}.out").read_text()
+    assert "1 node(s) x 2 task(s)" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
+    for arm in ("padded", "bestfit"):
+        assert f"| {arm} |" in proc.stdout
+    assert (clone / "slurm.png").is_file()
 
 
 PACKING_FIGURES = re.compile(

@@ -12,6 +12,12 @@ SIGTERM, 138 SIGUSR1, 130 SIGINT), whenever they come:
   `"status": "preempted"` and exits. A second Ctrl-C aborts at once, without a checkpoint: exit 130;
 * after training (last.ckpt written): the run has completed; the signal only skips the comparison plot.
 
+SIGUSR2 is submitit's (hydra/launcher=slurm): it sends it before the time limit and its handler
+requeues the job and exits at once, mid-update. When such a Python handler is installed before ours,
+ours takes SIGUSR2 over while training (stop after the update, checkpoint) and hands the signal to
+submitit's handler once the run is saved (`restore`), which then requeues; before training starts
+the signal goes to submitit's handler straight away (nothing to save yet).
+
 Lightning's own SIGTERM handling is switched off (run.py): it would end the run mid-epoch with exit 0.
 Nothing here imports Lightning; the callback that polls the flag lives in run.py.
 """
@@ -26,6 +32,10 @@ from typing import Any
 
 HANDLED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 """Signals that stop a run gracefully (after the current update, with a checkpoint)."""
+
+CHAINED = (signal.SIGUSR2,)
+"""Signals handled only when another Python handler waits for them (submitit's requeue), which gets
+them after the checkpoint."""
 
 SETUP, TRAINING, FINISHING = "setup", "training", "finishing"
 
@@ -65,9 +75,14 @@ class Signals:
         self.received: signal.Signals | None = None  # this process's first signal while training
         self.late: signal.Signals | None = None  # a signal after training ended
         self._previous: dict[signal.Signals, Any] = {}
+        self._chained: dict[signal.Signals, Any] = {}  # CHAINED signals and the handlers waiting for them
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         received = signal.Signals(signum)
+        if self.phase == SETUP and received in self._chained:
+            _say(f"received {received.name} before training started: passing it on to the launcher\n")
+            self._chained[received](signum, frame)
+            return
         if self.phase == SETUP:
             _say(f"received {received.name} before training started: stopping\n")
             raise Interrupted(received)
@@ -93,14 +108,26 @@ class Signals:
             if signum not in self._previous:
                 self._previous[signum] = signal.getsignal(signum)
             signal.signal(signum, self._handle)
+        for signum in CHAINED:
+            waiting = signal.getsignal(signum)
+            if callable(waiting) and waiting != self._handle and signum not in self._previous:
+                self._previous[signum] = self._chained[signum] = waiting
+                signal.signal(signum, self._handle)
         return self
 
     def restore(self) -> None:
+        """The earlier handlers back; a CHAINED signal that stopped the run now goes to the handler
+        that was waiting for it (submitit's: requeue and exit), the checkpoint being written."""
         if threading.current_thread() is not threading.main_thread():
             return
         for signum, handler in self._previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
+        waiting = self._chained.get(self.received) if self.received is not None else None
+        self._chained = {}
+        if waiting is not None and self.received is not None:
+            _say(f"passing {self.received.name} on to the launcher (submitit requeues the job)\n")
+            waiting(int(self.received), None)
 
     @property
     def installed(self) -> bool:

@@ -82,6 +82,10 @@ def quiet_lightning() -> None:
     # Manual optimization: the checkpoint must hold the state *after* the update, which is what it gets.
     warnings.filterwarnings("ignore", message=".*ModelCheckpoint with manual optimization.*")
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    # On a machine with Slurm installed every run outside a job got it: a local run is meant as one.
+    warnings.filterwarnings(
+        "ignore", message=".*The `srun` command is available on your system but is not used.*"
+    )
     warnings.filterwarnings("ignore", message=".*Experiment logs directory .* exists and is not empty.*")
     # A resumed run writes to its own new output directory; nothing of the old one's top-k applies.
     warnings.filterwarnings("ignore", message=".*The dirpath has changed from.*")
