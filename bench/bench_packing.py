@@ -41,7 +41,6 @@ from pretrain.data.policies import (
     BestfitPolicy,
     EpochPlan,
     Layout,
-    Policy,
     PolicySettings,
     VslConfig,
     VslPolicy,
@@ -105,14 +104,14 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
 
 def _settings() -> PolicySettings:
     """Best fit at CAPACITY: 8 packs per batch from a buffer of 64 chunks, seed 0."""
-    data = BestfitConfig(policy=Policy.bestfit, max_seq_len=CAPACITY, packing_buffer=64)
+    data = BestfitConfig(policy="bestfit", max_seq_len=CAPACITY, packing_buffer=64)
     train = TrainConfig(batch_size=8, microbatch_tokens=None, eval_microbatch_tokens=8192, val_batches=None)
     return PolicySettings.from_config(data, train, seed=0)
 
 
 def _cross_document_unmasked(layout: Layout) -> float:
     """Share of real tokens that would see another document with data.document_mask=false."""
-    config = BestfitConfig(policy=Policy.bestfit, max_seq_len=CAPACITY, document_mask=False)
+    config = BestfitConfig(policy="bestfit", max_seq_len=CAPACITY, document_mask=False)
     return BestfitPolicy(config).cross_document_visible_fraction(EpochPlan(layout, None, 1, 0, 0))
 
 
@@ -301,7 +300,7 @@ def measure_plan(
                 layout = firstfit_layout(table, order, OPEN_BINS)
             return time.perf_counter() - packed, len(layout), layout.nbytes
         if method == "vsl":
-            policy = VslPolicy(VslConfig(policy=Policy.vsl, max_seq_len=max_seq_len))
+            policy = VslPolicy(VslConfig(policy="vsl", max_seq_len=max_seq_len))
             unused = TokenSplit.from_lengths(np.array([2]), seed=0)  # vsl's layout reads the table only
             layout = policy.layout(unused, table, np.random.default_rng([0, 1]), None)
             order = policy.unit_order(layout, np.random.default_rng([0, 1]), VSL_BATCH)

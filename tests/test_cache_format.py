@@ -22,6 +22,7 @@ from unittest import mock
 import numpy as np
 import pytest
 from helpers import (
+    POLICY_VARIANTS,
     REPO,
     base_overrides,
     cache_spec,
@@ -123,10 +124,10 @@ def test_token_dtype_is_in_the_identity_and_the_manifest(caches, corpus):
             assert (small.directory / name).read_bytes() == (large.directory / name).read_bytes()
 
 
-@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit"])
-def test_uint16_and_uint32_caches_give_identical_batches(caches, policy, tmp_path):
-    # concat windows without the document mask also gather each next document's first token as a target
-    extra = ["data.document_mask=false"] if policy == "prepacked" else []
+@pytest.mark.parametrize("case", list(POLICY_VARIANTS))
+def test_uint16_and_uint32_caches_give_identical_batches(caches, case, tmp_path):
+    # (concat windows without the document mask also gather each next document's first token as a target)
+    policy, *extra = POLICY_VARIANTS[case]
     settings_ = policy_cfg(policy, "data.max_seq_len=64", "train.batch_size=3", *extra)
     batches = {}
     for name, cache in caches.items():

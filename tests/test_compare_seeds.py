@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import yaml
+from helpers import POLICIES
 from scipy import stats
 from wandb_records import OfflineRun, finished_run_file
 
@@ -705,7 +706,7 @@ def test_runs_alike_are_told_apart_by_their_paths_not_by_job_numbers_every_sweep
 
 
 def test_more_than_four_arms_also_get_one_small_panel_each(tmp_path):
-    policies = ("padded", "bestfit", "firstfit", "vsl", "prepacked")
+    policies = tuple(POLICIES)  # more than four arms
     for job, policy in enumerate(policies):
         write_run(tmp_path / str(job), policy=policy, seed=1, train_loss=3.0 - job / 10, val=(4.0, 3.0))
     runs = [load_run(path) for path in find_runs([tmp_path])]

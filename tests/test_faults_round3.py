@@ -441,7 +441,7 @@ def test_a_short_run_scales_the_default_warmup_down_in_one_line_and_refuses_an_e
         (
             ["data=bestfit", "+data.open_bins=1"],
             "data.open_bins: no such key; data=bestfit has: policy, "
-            "max_seq_len, long_docs, packing_buffer, document_mask",
+            "max_seq_len, long_docs, document_mask, packing_buffer",
         ),
         (["+train.learning_rate=0.5"], "train.learning_rate: no such key; train has: batch_size, "),
         (["+foo=bar"], "foo: no such key; the config's root has: experiment_name, seed, "),

@@ -3,9 +3,9 @@
 
 Defaults live here and nowhere else. A value that a group option chooses (the policy, the model's
 size, the trainer's device) is MISSING here and set by that option's YAML file (`conf/<group>/*.yaml`),
-which says nothing else. The `data` group is typed by the chosen policy's own dataclass (one per module
-of data/policies/, registered under the group as `<policy>_schema`), so it holds that policy's options
-only. Each field's docstring is its documentation (`docs/config.md` is generated
+which says nothing else. The plug-in groups (`data`, `attn`, `source`: `GROUPS`) are typed by the chosen
+plug-in's own dataclass (registered under the group as `<name>_schema`), so each holds that plug-in's
+options only. Each field's docstring is its documentation (`docs/config.md` is generated
 from them: `python -m pretrain.config > docs/config.md`).
 
 The run's entry turns the composed `DictConfig` into these dataclasses once (`to_config`) and builds
@@ -22,48 +22,39 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, get_args, get_origin, get_type_hints
 
 from hydra.errors import ConfigCompositionException as ConfigCompositionError
 from omegaconf import II, MISSING, DictConfig, ListConfig, OmegaConf
 
-# The data group's schema lives with its policies (data/policies/: one config dataclass per policy);
-# the names are re-exported here with the rest of the schema.
-from .data.policies import REGISTRY, policy_class, positive_int
+# The plug-in groups' schemas live with their plug-ins (one config dataclass per policy, backend and
+# source kind); the base classes are re-exported here with the rest of the schema.
+from .attention_backends import BACKENDS
+from .attention_backends import AttnConfig as AttnConfig
+from .data.policies import REGISTRY, positive_int
 from .data.policies import DataConfig as DataConfig
 from .data.policies import PadTo as PadTo
-from .data.policies import Policy as Policy
 from .data.policies import Strategy as Strategy
 from .data.prepare_settings import Encoder as Encoder
+from .data.sources import SOURCES, typed_source
+from .data.sources import SourceConfig as SourceConfig
 from .data.writer import TokenDtype as TokenDtype
 from .errors import ConfigError
 from .gpt2 import GPT2_VOCAB_SIZE
+from .plugins import Registry
 
 CONFIG_NAME = "train"
 SCHEMA_NAME = "pretrain_schema"
-
-
-class SourceKind(StrEnum):
-    pydocs = "pydocs"
-    local = "local"
-    fineweb = "fineweb"
 
 
 class TokenizerSource(StrEnum):
     bundled = "bundled"
     hub = "hub"
     files = "files"
-
-
-class AttnBackend(StrEnum):
-    auto = "auto"
-    sdpa = "sdpa"
-    flex = "flex"
-    varlen = "varlen"
 
 
 class VerifyMode(StrEnum):
@@ -102,22 +93,6 @@ def _valid_devices(devices: Any) -> bool:
 
 SEED_RANGE = (0, 2**32 - 1)
 """numpy's and Lightning's seed range."""
-
-
-@dataclass
-class SourceConfig:
-    kind: SourceKind = MISSING
-    """where documents come from: pydocs (embedded offline corpus), local files or fineweb"""
-    files: list[str] = field(default_factory=list)
-    """source=local: parquet or jsonl files with a `text` column, read in the order given"""
-    path: str | None = None
-    """source=fineweb: the hub dataset"""
-    config_name: str | None = None
-    """source=fineweb: the dataset config (sample-10BT)"""
-    revision: str | None = None
-    """source=fineweb: the pinned dataset revision (commit)"""
-    data_dir: str | None = None
-    """source=fineweb: the folder of the config's parquet files"""
 
 
 @dataclass
@@ -180,10 +155,13 @@ class ComponentConfig:
     """its share of the real training tokens (> 0; the weights are normalised to sum to 1)"""
     max_repeat: int = 1
     """times its documents may be used per epoch of the mixture (>= 1)"""
-    source: SourceConfig = field(default_factory=SourceConfig)
-    """the keys of a `source` option (kind, files, ...): the component's documents"""
+    source: Any = None
+    """the keys of a `source` option (kind, files, ...): the component's documents, typed by its kind"""
     budget: BudgetConfig | None = None
     """its own raw-token budget; null = the run's `budget` group"""
+
+    # Fields typed by a plug-in group's chosen dataclass (their keys are checked against it).
+    typed_fields: ClassVar[dict[str, str]] = {"source": "source"}
 
 
 @dataclass
@@ -209,8 +187,9 @@ class MixtureConfig:
             repeat = component.max_repeat
             if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
                 raise ConfigError(f"{key}.max_repeat must be an integer >= 1, got {repeat!r}")
-            if not _is_set(component.source.kind):
+            if component.source is None:
                 raise ConfigError(f"{key}.source.kind is missing: give the keys of a source option")
+            component.source = typed_source(component.source, f"{key}.source")
 
 
 @dataclass
@@ -240,18 +219,6 @@ class PrepareConfig:
         task, tasks = self.task, self.tasks
         if isinstance(task, int) and isinstance(tasks, int) and not 0 <= task < tasks:
             raise ConfigError(f"prepare.task={task!r} must be in 0..{tasks - 1} (prepare.tasks={tasks})")
-
-
-@dataclass
-class AttnConfig:
-    backend: AttnBackend = MISSING
-    """auto (varlen on CUDA, sdpa elsewhere), sdpa, flex or varlen; explicit ones never change"""
-    compile: Any = "auto"
-    """flex: torch.compile flex_attention: auto (on CUDA only), true or false"""
-
-    def __post_init__(self) -> None:
-        if self.compile not in ("auto", True, False):
-            raise ConfigError(f"attn.compile must be auto, true or false; got {self.compile!r}")
 
 
 @dataclass
@@ -382,6 +349,9 @@ class TrainConfig:
     """microbatches per optimizer update"""
     eval_microbatch_tokens: int = 8192
     """tokens per validation microbatch"""
+    eval_packing_buffer: int = 64
+    """validation chunks are best fit into packs in index order from this many candidates (every policy
+    that packs validation; padded scores one chunk per row)"""
     max_steps: int = 200
     """optimizer updates to train (an upper bound when max_tokens is set)"""
     max_tokens: int | None = None
@@ -474,6 +444,7 @@ class TrainConfig:
             "batch_size",
             "microbatch_tokens",
             "eval_microbatch_tokens",
+            "eval_packing_buffer",
             "val_batches",
             "accumulation",
         ):
@@ -540,41 +511,101 @@ class Config:
 # --- Hydra ----------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class TypedGroup:
+    """A group typed by its chosen plug-in's dataclass: `<group>=<name>` (conf/<group>/<name>.yaml)
+    lists `<name>_schema` first, which the registry's `config_classes()` name."""
+
+    group: str  # the group (data, attn, source)
+    key: str  # the key inside it that names the plug-in (policy, backend, kind)
+    base: type  # what every plug-in of the group has (the type of the root's field)
+    registry: Registry[Any]  # name -> plug-in (with a config_class)
+
+    def schema_of(self, name: object) -> type:
+        """The dataclass of the plug-in called `name` (an unknown one is refused listing the choices)."""
+        return self.registry.choose(name).config_class
+
+
+GROUPS = {
+    "data": TypedGroup("data", "policy", DataConfig, REGISTRY),
+    "attn": TypedGroup("attn", "backend", AttnConfig, BACKENDS),
+    "source": TypedGroup("source", "kind", SourceConfig, SOURCES),
+}
+BASES = {typed.base: typed for typed in GROUPS.values()}
+
+
 def register_schema() -> None:
     """Make the schema known to Hydra (`conf/train.yaml` lists it first in its defaults)."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=Config)
-    for policy, cls in REGISTRY.items():  # conf/data/<policy>.yaml lists `<policy>_schema` first
-        store.store(group="data", name=data_schema_name(policy), node=cls.config_class)
+    for typed in GROUPS.values():  # conf/<group>/<name>.yaml lists `<name>_schema` first
+        for name, cls in typed.registry.items():
+            store.store(group=typed.group, name=schema_name(name), node=cls.config_class)
 
 
-def data_schema_name(policy: str) -> str:
-    return f"{policy}_schema"
+def schema_name(name: str) -> str:
+    return f"{name}_schema"
+
+
+def group_schema(cfg: DictConfig | dict, group: str) -> type:
+    """The dataclass that types `group`: the one its option composed it with, else (an untyped, saved
+    config) that of the plug-in it names, else the base while none is chosen."""
+    typed = GROUPS[group]
+    root = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+    composed = OmegaConf.get_type(root, group) if group in root else None
+    if isinstance(composed, type) and issubclass(composed, typed.base) and composed is not typed.base:
+        return composed  # its own check refuses a <group>.<key>=... that is not its plug-in
+    name = OmegaConf.select(root, f"{group}.{typed.key}")
+    if name is None or name == MISSING:
+        return typed.base
+    return typed.schema_of(name)
+
+
+def group_schemas(cfg: DictConfig | dict) -> dict[type, type]:
+    """Each plug-in group's base -> the dataclass that types it in `cfg`."""
+    return {typed.base: group_schema(cfg, group) for group, typed in GROUPS.items()}
+
+
+def with_group_option(root: DictConfig | ListConfig, group: str, option: str) -> DictConfig:
+    """`group=option` on an untyped, already composed config (eval's overrides on a checkpoint's
+    config): the option's file on top, without its defaults list; a plug-in group keeps only the keys
+    its plug-in has (data.max_seq_len stays, another policy's options go)."""
+    content = OmegaConf.load(config_dir() / group / f"{option}.yaml")
+    assert isinstance(content, DictConfig)
+    content.pop("defaults", None)
+    merged = OmegaConf.merge(root, {group: content})
+    assert isinstance(merged, DictConfig)
+    if group in GROUPS:
+        own = {f.name for f in fields(group_schema(merged, group))}
+        merged[group] = {k: v for k, v in merged[group].items() if k in own}
+    return merged
 
 
 # Keys that moved: a run config saved before the move (a checkpoint's) is read with the new names.
 MOVED_KEYS = {"train.packing_buffer": "data.packing_buffer"}
+# Keys that some plug-ins of a group had and lost (not a sign of a config from before the group split):
+# data.packing_buffer was every packing policy's validation buffer, now train.eval_packing_buffer.
+LEFT_KEYS = {"data": ("packing_buffer",)}
 
 
-def _data_schema(cfg: DictConfig | dict) -> type[DataConfig]:
-    """The dataclass that types `data`: the one its option composed it with, else (an untyped, saved
-    config) that of the policy it names, else the base while none is chosen."""
-    root = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
-    typed = OmegaConf.get_type(root, "data") if "data" in root else None
-    if isinstance(typed, type) and issubclass(typed, DataConfig) and typed is not DataConfig:
-        return typed  # its own check refuses a data.policy=... that is not its policy
-    policy = OmegaConf.select(root, "data.policy")
-    if policy is None or policy == MISSING:
-        return DataConfig
-    return policy_class(policy).config_class
+def _own_keys(node: DictConfig, group: str) -> DictConfig | dict:
+    """The keys of a saved plug-in group that its plug-in has an option for (the others dropped: every
+    policy's options, or every source kind's, used to live in one group)."""
+    schema = group_schema(OmegaConf.create({group: node}), group)
+    if schema is GROUPS[group].base:
+        return node
+    own = {f.name for f in fields(schema)}
+    if set(node) - own - set(LEFT_KEYS.get(group, ())):  # saved when the group held every plug-in's
+        own -= set(getattr(schema, "gained_since_split", ()))  # options: these keys were another's
+    return {k: v for k, v in node.items() if k in own}
 
 
 def upgrade_run_config(saved: dict) -> dict:
     """A run config as an older pretrain saved it (`run_config` of a checkpoint), in today's schema:
-    moved keys under their new names, and the `data` keys its policy has no option for dropped (every
-    policy's options used to live in one group). Today's configs pass unchanged."""
+    moved keys under their new names, and the keys of a plug-in group (data, attn, source, a mixture
+    component's source) that its plug-in has no option for dropped. Today's configs pass unchanged."""
     root = OmegaConf.create(saved)
     for old, new in MOVED_KEYS.items():
         group, key = old.split(".")
@@ -582,30 +613,19 @@ def upgrade_run_config(saved: dict) -> dict:
             value = root[group].pop(key)
             if value is not None and OmegaConf.select(root, new) is None:
                 OmegaConf.update(root, new, value, force_add=True)
-    schema = _data_schema(root)
-    if "data" in root and schema is not DataConfig:
-        own = {f.name for f in fields(schema)}
-        if set(root.data) - own:  # every policy's options in one group: saved before the split, when
-            own -= set(schema.gained_since_split)  # these keys were another policy's, not this one's
-        root.data = {k: v for k, v in root.data.items() if k in own}
+    buffer = OmegaConf.select(root, "data.packing_buffer")
+    if buffer is not None and "train" in root and "eval_packing_buffer" not in root.train:
+        root.train.eval_packing_buffer = buffer  # validation packs were best fit from it, then
+    for group in GROUPS:
+        if isinstance(root.get(group), DictConfig):
+            root[group] = _own_keys(root[group], group)
+    components = OmegaConf.select(root, "mixture.components")
+    for component in (components or {}).values():
+        if isinstance(component.get("source"), DictConfig):
+            component.source = _own_keys(component.source, "source")
     upgraded = OmegaConf.to_container(root)
     assert isinstance(upgraded, dict)
     return upgraded
-
-
-def with_group_option(root: DictConfig | ListConfig, group: str, option: str) -> DictConfig:
-    """`group=option` on an untyped, already composed config (eval's overrides on a checkpoint's
-    config): the option's file on top, without its defaults list; a `data` option keeps only the keys
-    its policy has (data.max_seq_len stays, another policy's options go)."""
-    content = OmegaConf.load(config_dir() / group / f"{option}.yaml")
-    assert isinstance(content, DictConfig)
-    content.pop("defaults", None)
-    merged = OmegaConf.merge(root, {group: content})
-    assert isinstance(merged, DictConfig)
-    if group == "data":
-        own = {f.name for f in fields(_data_schema(merged))}
-        merged.data = {k: v for k, v in merged.data.items() if k in own}
-    return merged
 
 
 def config_dir() -> Path:
@@ -636,19 +656,32 @@ def load_config(overrides: Sequence[str] = ()) -> DictConfig:
             if refused is None or "not in" not in str(error.__cause__ or ""):
                 raise
             key = refused.group(1)
-            # The group's schema as composed without that override (the data group: its policy's).
+            # The groups' schemas as composed without that override (a plug-in group: its plug-in's).
             rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key]
             try:
-                data = _data_schema(compose(config_name=CONFIG_NAME, overrides=rest))
+                schemas = group_schemas(compose(config_name=CONFIG_NAME, overrides=rest))
             except Exception:
-                data = DataConfig
-            raise UnknownKeyError(f"Could not override '{key}': {_no_such_key(key, Config, data)}") from None
+                schemas = {}
+            raise UnknownKeyError(
+                f"Could not override '{key}': {_no_such_key(key, Config, schemas)}"
+            ) from None
+    check_choices(cfg)
     check_known_keys(cfg)
     return cfg
 
 
 class UnknownKeyError(ConfigError, ConfigCompositionError):
     """A key the schema does not hold (still a Hydra composition error for code that catches those)."""
+
+
+def check_choices(cfg: DictConfig) -> None:
+    """Each plug-in group names a registered plug-in (`data.policy=...` given on its own included)."""
+    for group, typed in GROUPS.items():
+        name = OmegaConf.select(cfg, f"{group}.{typed.key}", default=None)
+        if name is not None and name != MISSING and str(name) not in typed.registry:
+            raise UnknownKeyError(
+                f"{group}.{typed.key}={name}: no such {typed.key}; choose one of {', '.join(typed.registry)}"
+            )
 
 
 _HYDRA_UNKNOWN = re.compile(r"Could not override '([^']+)'")
@@ -664,8 +697,20 @@ def _dataclass_of(hint: Any) -> type | None:
     return None
 
 
-def _no_such_key(key: str, root: type, data: type[DataConfig] = DataConfig) -> str:
-    """`no such key; <group> has: a, b, ...` for a dotted `key` under the schema `root`."""
+def _where(cls: type, parents: Sequence[str]) -> str:
+    """How a message names the group `cls` types: `data=bestfit` for a plug-in's, else its path."""
+    for typed in GROUPS.values():
+        if issubclass(cls, typed.base) and cls is not typed.base:
+            chosen = getattr(cls, f"for_{typed.key}", None)
+            if chosen is not None:
+                return f"{typed.group}={chosen}"
+    return ".".join(parents) or "the config's root"
+
+
+def _no_such_key(key: str, root: type, schemas: Mapping[type, type] | None = None) -> str:
+    """`no such key; <group> has: a, b, ...` for a dotted `key` under the schema `root` (`schemas`: a
+    plug-in group's base -> the dataclass that types it)."""
+    schemas = schemas or {}
     *parents, _ = key.split(".")
     cls: type | None = root
     i = 0
@@ -674,29 +719,38 @@ def _no_such_key(key: str, root: type, data: type[DataConfig] = DataConfig) -> s
         if get_origin(hint) is dict:  # mixture.components.<name>: skip the name, then its dataclass
             cls, i = _dataclass_of(get_args(hint)[1]), i + 2
             continue
-        cls, i = (data if hint is DataConfig else _dataclass_of(hint)), i + 1
+        found = _dataclass_of(hint)
+        cls, i = schemas.get(found, found) if found is not None else None, i + 1
     if cls is None or i > len(parents):
         return "no such key"
-    where = ".".join(parents) or "the config's root"
-    if cls is data and data is not DataConfig:
-        where = f"data={data.for_policy}"
-    return f"no such key; {where} has: {', '.join(f.name for f in fields(cls))}"
+    return f"no such key; {_where(cls, parents)} has: {', '.join(f.name for f in fields(cls))}"
 
 
 def check_known_keys(cfg: DictConfig) -> None:
-    """Every key of the composed config is one its schema holds (the data group: the chosen policy's)."""
-    data = _data_schema(cfg)
+    """Every key of the composed config is one its schema holds (a plug-in group: its plug-in's)."""
+    schemas = group_schemas(cfg)
     tree = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(tree, dict)
 
+    def refuse(path: str, cls: type, prefix: str) -> None:
+        where = _where(cls, prefix.rstrip(".").split(".") if prefix else [])
+        raise UnknownKeyError(f"{path}: no such key; {where} has: {', '.join(f.name for f in fields(cls))}")
+
     def walk(node: dict, cls: type, prefix: str) -> None:
         hints = get_type_hints(cls)
+        typed_fields = getattr(cls, "typed_fields", {})
         for key, value in node.items():
             path = f"{prefix}{key}"
             if key not in hints:
-                raise UnknownKeyError(f"{path}: {_no_such_key(path, Config, data)}")
+                refuse(path, cls, prefix)
             hint = hints[key]
             if not isinstance(value, dict):
+                continue
+            if key in typed_fields:  # typed by the plug-in its value names (a component's source)
+                typed = GROUPS[typed_fields[key]]
+                name = value.get(typed.key)
+                if name is not None and name != MISSING:
+                    walk(value, typed.schema_of(name), f"{path}.")
                 continue
             if get_origin(hint) is dict:  # name -> dataclass (mixture.components)
                 item = _dataclass_of(get_args(hint)[1])
@@ -704,9 +758,9 @@ def check_known_keys(cfg: DictConfig) -> None:
                     if item is not None and isinstance(entry, dict):
                         walk(entry, item, f"{path}.{name}.")
                 continue
-            child = data if hint is DataConfig else _dataclass_of(hint)
+            child = _dataclass_of(hint)
             if child is not None:
-                walk(value, child, f"{path}.")
+                walk(value, schemas.get(child, child), f"{path}.")
 
     walk(tree, Config, "")
 
@@ -716,7 +770,8 @@ def to_config(cfg: DictConfig | Config) -> Config:
     if isinstance(cfg, Config):
         return cfg
     schema = OmegaConf.structured(Config)
-    schema.data = OmegaConf.structured(_data_schema(cfg))  # typed by its policy, also when cfg is not
+    for group in GROUPS:  # typed by its plug-in, also when cfg is not
+        schema[group] = OmegaConf.structured(group_schema(cfg, group))
     typed = OmegaConf.merge(schema, cfg)
     config = OmegaConf.to_object(typed)
     assert isinstance(config, Config)
@@ -750,8 +805,8 @@ def schema_rows(cls: type = Config, prefix: str = "") -> list[tuple[str, str, st
     for f in fields(cls):
         key = f"{prefix}{f.name}"
         node = hints[f.name]
-        if node is DataConfig:
-            rows += _data_rows(f"{key}.")
+        if node in BASES:
+            rows += _group_rows(BASES[node], f"{key}.")
             continue
         if isinstance(node, type) and is_dataclass(node):
             rows += schema_rows(node, f"{key}.")
@@ -762,10 +817,10 @@ def schema_rows(cls: type = Config, prefix: str = "") -> list[tuple[str, str, st
     return rows
 
 
-def _data_rows(prefix: str) -> list[tuple[str, str, str]]:
-    """The `data` group's keys: the base's, then each policy's own options (a shared one once)."""
+def _group_rows(typed: TypedGroup, prefix: str) -> list[tuple[str, str, str]]:
+    """A plug-in group's keys: the base's, then each plug-in's own options (a shared one once)."""
     rows: dict[str, tuple[str, str, str]] = {}
-    classes: list[type] = [DataConfig, *(policy.config_class for policy in REGISTRY.values())]
+    classes: list[type] = [typed.base, *typed.registry.config_classes().values()]
     for cls in classes:
         for row in schema_rows(cls, prefix):
             rows.setdefault(row[0], row)

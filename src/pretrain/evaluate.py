@@ -163,7 +163,7 @@ def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict
     backend = check_backend(str(config.attn.backend), device, dtype, training=False)
     weights = model_weights(checkpoint)
     check_weight_shapes(weights, gpt_config, str(path))
-    model = GPT(gpt_config, attn=backend, attn_compile=config.attn.compile)
+    model = GPT(gpt_config, attn=backend, attn_compile=config.attn.compile_mode)
     model.load_state_dict(weights)
     mixture = MixtureSpec.from_config(config)
     specs = (

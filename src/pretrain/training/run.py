@@ -406,7 +406,7 @@ def _fit(run: RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None
         attn_backend=run.attn_backend,
         max_seq_len=run.policy.max_seq_len,
         cache_key=run.data_key,
-        attn_compile=config.attn.compile,
+        attn_compile=config.attn.compile_mode,
         run_config=OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True),  # type: ignore[arg-type]
         cache_identity=run.data_identity,
         peak_tflops=config.trainer.peak_tflops,
