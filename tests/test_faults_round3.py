@@ -412,7 +412,7 @@ def test_a_component_too_small_for_one_batch_is_named_and_a_tiny_mixed_epoch_war
 def test_a_short_run_scales_the_default_warmup_down_in_one_line_and_refuses_an_explicit_one(
     capsys, monkeypatch
 ):
-    from pretrain import config as schema
+    from pretrain.config import schema
 
     monkeypatch.setattr(schema, "_SAID", set())
     config = to_config(load_config(["train.max_steps=8"]))

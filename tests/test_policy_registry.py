@@ -135,8 +135,12 @@ def _policy_literals(path) -> list[str]:
 
 
 def test_no_module_outside_the_policies_package_names_a_policy():
-    """The data module, evaluation, stats, the CLI and the rest ask the registry or the policy object."""
-    outside = [p for p in PACKAGE.rglob("*.py") if (PACKAGE / "data" / "policies") not in p.parents]
+    """The data module, evaluation, stats, the CLI and the rest ask the registry or the policy object
+    (config/migrate.py, the one home of old keys, names the policies whose old configs it reads)."""
+    migrate = PACKAGE / "config" / "migrate.py"
+    outside = [
+        p for p in PACKAGE.rglob("*.py") if (PACKAGE / "data" / "policies") not in p.parents and p != migrate
+    ]
     assert len(outside) > 20
     named = {str(p.relative_to(PACKAGE)): _policy_literals(p) for p in outside}
     assert {path: found for path, found in named.items() if found} == {}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import AttnConfig, TrainerConfig
+from ..config import AttnConfig, TrainerConfig, upgrade_sampler_state
 from ..data.policies import PolicySettings
 from ..data.samplers import check_resume
 from ..errors import CheckpointError, ConfigError
@@ -168,7 +168,7 @@ def check_checkpoint(
     sampler_state = (checkpoint.get(DATAMODULE_STATE) or {}).get("train_sampler")
     if policy is not None and sampler_state:
         try:
-            check_resume(sampler_state, policy, world_size)
+            check_resume(upgrade_sampler_state(sampler_state), policy, world_size)
         except ConfigError as error:
             raise CheckpointError(f"ckpt_path={path}: {error}") from None
 

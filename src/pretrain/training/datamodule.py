@@ -38,6 +38,7 @@ import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
 
+from ..config import upgrade_sampler_state
 from ..data.batch import PackedBatch
 from ..data.cache import Cache, CacheSpec
 from ..data.chunking import ChunkTable
@@ -271,4 +272,5 @@ class PretrainDataModule(L.LightningDataModule):
                 f"{self.cache_key}: resume with the same source (or mixture), tokenizer, split and budget "
                 "settings"
             )
-        self._resume_state = state.get("train_sampler")
+        saved = state.get("train_sampler")
+        self._resume_state = None if saved is None else upgrade_sampler_state(saved)

@@ -60,9 +60,6 @@ class DataConfig:
 
     # The policy whose options this class holds (None: the group's base, no policy chosen yet).
     for_policy: ClassVar[str | None] = None
-    # Options this policy gained after the data group split that another policy held before it: a run
-    # config saved before the split (every policy's options in one group) drops them on upgrade.
-    gained_since_split: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         if is_set(self.max_seq_len):
@@ -90,8 +87,6 @@ class PackingConfig(DataConfig):
     document_mask: bool = True
     """packing policies: false makes each pack one attention segment (positions continue across documents)"""
 
-    gained_since_split: ClassVar[tuple[str, ...]] = ("document_mask",)  # prepacked concat's only, before
-
 
 class DataPolicy:
     """One data policy, built from its config. Subclasses say which layout an epoch has, how a
@@ -118,8 +113,6 @@ class DataPolicy:
     # False when the layout is one stream fixed ahead of time (prepacked), so a table planned anew every
     # epoch (a mixture's, data/mixture.py) cannot be laid out.
     mixes: ClassVar[bool] = True
-    # Resume-key names of older checkpoints -> today's (a state saved before a key moved still resumes).
-    renamed_settings: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: DataConfig) -> None:
         self.config = config

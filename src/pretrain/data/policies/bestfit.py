@@ -50,8 +50,6 @@ class BestfitPolicy(PackingPolicy):
     config: BestfitConfig
     fixed_layout = False  # packed anew every epoch
     shuffle_units = False  # the chunk order is shuffled before packing; packs keep their order
-    # States saved before the buffer moved from the train group to the data group.
-    renamed_settings = {"train.packing_buffer": "data.packing_buffer"}
 
     def layout(
         self, split: TokenSplit, table: ChunkTable, rng: np.random.Generator, packs_dir: Path | None

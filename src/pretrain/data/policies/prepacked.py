@@ -35,7 +35,6 @@ class PrepackedConfig(PackingConfig):
     """prepacked: concat (fixed windows over the token stream) or bfd (offline best-fit-decreasing)"""
 
     for_policy = "prepacked"
-    gained_since_split = ()  # data.document_mask was its own
 
 
 class PrepackedPolicy(PackingPolicy):
