@@ -58,7 +58,7 @@ def _rank_startup(corpus: str) -> dict:
 
     from pretrain.config import load_config, to_config
     from pretrain.training.datamodule import PretrainDataModule
-    from pretrain.training.run import RunSettings
+    from pretrain.training.startup import RunSettings
 
     overrides = [
         "source=local",

@@ -389,7 +389,7 @@ def _mixed_sampler(small_tokens: int, batch_size: int, caplog):
 def test_a_component_too_small_for_one_batch_is_named_and_a_tiny_mixed_epoch_warns(caplog):
     from types import SimpleNamespace
 
-    from pretrain.training.run import EpochFits
+    from pretrain.training.fit import EpochFits
 
     sampler = _mixed_sampler(5, 4, caplog)
     warned = [r.getMessage() for r in caplog.records if r.name == "pretrain.data.mixture"]
@@ -534,10 +534,10 @@ def test_the_resume_command_of_a_run_that_started_over_does_not_start_over_again
 
     from hydra.core.hydra_config import HydraConfig
 
-    from pretrain.training import run as run_module
+    from pretrain.training import summary as run_module
 
     task = ["train.max_steps=9", "start_over=true", f"hydra.run.dir={tmp_path}"]
-    monkeypatch.setattr(run_module, "_hydra_mode", lambda: "RUN")
+    monkeypatch.setattr(run_module, "hydra_mode", lambda: "RUN")
     monkeypatch.setattr(
         HydraConfig, "get", staticmethod(lambda: SimpleNamespace(overrides=SimpleNamespace(task=task)))
     )

@@ -44,6 +44,7 @@ from ..errors import ConfigError
 from ..fileio import atomic_write, write_text_atomic
 from ..training.metrics_file import FILE_NAME
 from ..training.run_record import LOSS, Run, layout_options, load_run, run_numbers
+from ..training.summary import read_summary
 from .arm_table import WANDB_COLUMNS, ArmTable, arm_table, markdown, p_text, reference_arm, wandb_rows
 from .arms import SEED, Arm, distinguishing_paths, flat_config, group_arms, swept_keys
 from .floors import DESCRIPTION, FLOORS
@@ -180,7 +181,7 @@ def layout_statistics(run: Run, arms: list[tuple[str, dict[str, object]]] | None
         return Cache(directory=Path(directory), manifest=read_manifest(Path(directory)))
 
     try:
-        record = json.loads((run.path / "run.json").read_text())
+        record = read_summary(run.path)
         config = to_config(OmegaConf.create(upgrade_run_config(run.config)))  # also an older run's
         mixed: Mixture | None = None
         parts: list[TokenSplit] | None = None
@@ -222,7 +223,7 @@ def cache_floors_of(run: Run) -> dict:
     from ..data.floors import recorded_floors
 
     try:
-        cache_dir = Path(json.loads((run.path / "run.json").read_text())["cache_dir"])
+        cache_dir = Path(read_summary(run.path)["cache_dir"])
         # The manifest is only matched against floors.json's record of the files: read, not verified.
         manifest = json.loads((cache_dir / "manifest.json").read_text())
         return recorded_floors(Cache(directory=cache_dir, manifest=manifest)) or {}
