@@ -17,21 +17,20 @@ from omegaconf import OmegaConf
 from pretrain.config import to_config
 from pretrain.data.policies import PolicySettings
 from pretrain.data.stats import inspect_split
-from pretrain.report.compare import (
+from pretrain.report.compare import compare
+from pretrain.report.figure import (
     SPEED_TITLE,
     TIME_AXIS,
     TOKENS_AXIS,
     TRUNCATION_TITLE,
     WASTE_TITLE,
     arm_colors,
-    compare,
     figure,
-    layout_arms,
-    layout_statistics,
-    load_run,
     percent,
 )
 from pretrain.report.statistics import smooth
+from pretrain.report.table import layout_arms, layout_statistics
+from pretrain.training.run_record import load_run
 
 STEPS = [  # step, train/loss, train/tokens, train/step_seconds, train/data_seconds, train/padding_waste
     (1, 10.0, 100, 2.0, 0.5, 0.25),

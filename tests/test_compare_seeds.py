@@ -21,7 +21,8 @@ from pretrain.cli import main, parse_args
 from pretrain.errors import ConfigError
 from pretrain.report.arm_table import WANDB_COLUMNS, arm_table, common_reach, markdown, tokens_to_reach
 from pretrain.report.arms import group_arms
-from pretrain.report.compare import arm_colors, compare, figure, find_runs, label_runs, load_run
+from pretrain.report.compare import compare, find_runs, label_runs
+from pretrain.report.figure import arm_colors, figure
 from pretrain.report.statistics import (
     detectable_effect,
     interpolate_at,
@@ -30,6 +31,7 @@ from pretrain.report.statistics import (
     smooth,
     summarize,
 )
+from pretrain.training.run_record import load_run
 
 A, B, C = "padded max_seq_len=64", "bestfit max_seq_len=64", "padded max_seq_len=128"
 

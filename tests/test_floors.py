@@ -310,7 +310,7 @@ def test_recorded_floors_are_read_without_computing_and_only_for_the_same_files(
 
 def test_compare_reads_the_caches_floors_for_a_run_json_without_them(tmp_path):
     """A run from before floors (run.json without them): compare takes those stored beside its cache."""
-    from pretrain.report.compare import cache_floors_of
+    from pretrain.report.table import cache_floors_of
     from pretrain.training.run_record import load_run
 
     cache = hand_cache(tmp_path / "cache")

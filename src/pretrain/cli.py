@@ -153,7 +153,8 @@ def cmd_inspect(overrides: list[str], output: str | None) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from .errors import WriteError
-    from .report.compare import check_output, compare
+    from .report.compare import compare
+    from .report.figure import check_output
 
     # The plot's path (default: compare.png in the first directory) is checked before the work.
     output = Path(args.output) if args.output else Path(args.dirs[0]) / "compare.png"
