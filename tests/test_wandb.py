@@ -17,7 +17,7 @@ from pretrain.data.cache import CacheSpec
 from pretrain.data.policies import PolicySettings
 from pretrain.data.prepare import prepare_cache
 from pretrain.data.stats import inspect_split
-from pretrain.report.arm_table import WANDB_COLUMNS
+from pretrain.report.arm_render import WANDB_COLUMNS
 from pretrain.report.compare import plot_run
 from pretrain.report.table import COLUMNS
 from pretrain.report.wandb_log import run_group_of

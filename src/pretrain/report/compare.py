@@ -37,7 +37,8 @@ from ..errors import ConfigError
 from ..fileio import write_text_atomic
 from ..training.metrics_file import FILE_NAME
 from ..training.run_record import LOSS, Run, load_run
-from .arm_table import arm_table, markdown, reference_arm
+from .arm_render import markdown
+from .arm_table import arm_table, reference_arm
 from .arms import SEED, Arm, distinguishing_paths, group_arms
 from .figure import check_output, plot
 from .table import cache_floors_of, layout_arms, layout_statistics, markdown_table

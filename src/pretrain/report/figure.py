@@ -16,7 +16,8 @@ import numpy as np
 from ..errors import ConfigError
 from ..fileio import atomic_write
 from ..training.run_record import LOSS, Run, run_numbers
-from .arm_table import ArmTable, p_text
+from .arm_render import p_text
+from .arm_table import ArmTable
 from .arms import SEED, Arm, flat_config, group_arms, swept_keys
 from .floors import DESCRIPTION, FLOORS
 from .floors import shared as shared_floor

@@ -10,7 +10,8 @@ from pathlib import Path
 import yaml
 
 from ..training.run_record import Run
-from .arm_table import WANDB_COLUMNS, ArmTable, wandb_rows
+from .arm_render import WANDB_COLUMNS, wandb_rows
+from .arm_table import ArmTable
 from .table import COLUMNS, table_rows
 
 
