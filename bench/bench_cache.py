@@ -29,16 +29,15 @@ from pretrain.data.cache import (
     FORMAT_VERSION,
     SPLITS,
     Cache,
-    check_cache,
     disk_bytes,
     identity_key,
     manifest_checksum,
     read_index,
-    record_built,
     write_manifest,
 )
 from pretrain.data.synthetic import fineweb_like_lengths
 from pretrain.data.tokens import EOS_TOKEN_ID
+from pretrain.data.verify import check_cache, record_built
 from pretrain.data.writer import SplitWriter
 
 NAME = "cache"

@@ -57,8 +57,8 @@ def _synthetic_rows(root: Path) -> list[dict]:
     import numpy as np
     from bench_cache import write_synthetic_cache
 
-    from pretrain.data.cache import open_cache
     from pretrain.data.floors import split_floors
+    from pretrain.data.verify import open_cache
     from pretrain.gpt2 import GPT2_VOCAB_SIZE
 
     cache = open_cache(write_synthetic_cache(root, SYNTHETIC_TOKENS), mode="quick")

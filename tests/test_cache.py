@@ -40,9 +40,10 @@ from hypothesis import strategies as st
 from pretrain.data import prepare as prepare_module
 from pretrain.data.build import executors
 from pretrain.data.build.executors import BATCH_CHARS
-from pretrain.data.cache import CacheError, identity_differences, identity_key, open_cache, verify_cache
+from pretrain.data.cache import CacheError, identity_differences, identity_key
 from pretrain.data.sources import Document, SourceError
 from pretrain.data.tokenizer import bundled_files
+from pretrain.data.verify import open_cache, verify_cache
 
 FILES = {
     "train.bin",

@@ -37,8 +37,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pretrain.cli import main as cli_main
-from pretrain.data import cache as cache_module
 from pretrain.data import index as index_module
+from pretrain.data import verify as cache_module
 from pretrain.data.cache import CacheError, disk_bytes, identity_key, manifest_checksum
 from pretrain.data.evaluation import evaluation_batches, evaluation_chunks
 from pretrain.data.samplers import build_sampler

@@ -32,10 +32,11 @@ from helpers import (
 
 from pretrain.data import prepare_settings as settings_module
 from pretrain.data.build.staging import part_file, prepare_task, staging_dir
-from pretrain.data.cache import CacheError, verify_cache
+from pretrain.data.cache import CacheError
 from pretrain.data.prepare import prepare_cache
 from pretrain.data.prepare_settings import PrepareSettings, resolve_num_proc
 from pretrain.data.sources import LocalSource, PartSizes, documents, fineweb, source_from_config
+from pretrain.data.verify import verify_cache
 from pretrain.errors import ConfigError, SourceError
 
 FRACTION = 0.2

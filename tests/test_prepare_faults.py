@@ -35,10 +35,10 @@ from helpers import (
 from pretrain.cli import main
 from pretrain.data.build import collect
 from pretrain.data.build.staging import checksum_file, part_file, staging_dir
-from pretrain.data.cache import verify_cache
 from pretrain.data.prepare import prepare_cache
 from pretrain.data.prepare_settings import PrepareSettings, usable_cores
 from pretrain.data.sources import PartSizes
+from pretrain.data.verify import verify_cache
 from pretrain.data.writer import SplitWriter
 
 

@@ -37,8 +37,9 @@ def run_prepare(config: Config, *, progress: bool = True) -> tuple[Path, Cache |
     Returns (the cache directory, the cache), or (the task's part file, None) for a task.
     """
     from .data.build.staging import prepare_task, staging_dir
-    from .data.cache import CacheSpec, verify_cache
+    from .data.cache import CacheSpec
     from .data.prepare import prepare_cache
+    from .data.verify import verify_cache
 
     spec = CacheSpec.from_config(config)  # carries the prepare settings (spec.prepare) to the build
     tasks = spec.prepare.tasks
