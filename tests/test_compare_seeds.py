@@ -19,8 +19,9 @@ from wandb_records import OfflineRun, finished_run_file
 
 from pretrain.cli import main, parse_args
 from pretrain.errors import ConfigError
+from pretrain.report.arm_metrics import common_reach, tokens_to_reach
 from pretrain.report.arm_render import WANDB_COLUMNS, markdown
-from pretrain.report.arm_table import arm_table, common_reach, tokens_to_reach
+from pretrain.report.arm_table import arm_table
 from pretrain.report.arms import group_arms
 from pretrain.report.compare import compare, find_runs, label_runs
 from pretrain.report.figure import arm_colors, figure

@@ -280,6 +280,21 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", help="Hydra overrides, e.g. data=padded data.max_seq_len=1024"
     )
     _add_output(inspect, "also write the statistics as JSON to this file (the table is always printed)")
+    _add_compare(sub)
+    evaluate = sub.add_parser("eval", help="validation loss, perplexity and bits per byte of a checkpoint")
+    evaluate.add_argument("checkpoint", help="a .ckpt written by python train.py")
+    evaluate.add_argument(
+        "overrides", nargs="*", help="overrides on the checkpoint's config, e.g. data=padded"
+    )
+    _add_output(evaluate, "also write the result as JSON to this file")
+    export = sub.add_parser("export", help="a Hugging Face GPT2LMHeadModel directory from a checkpoint")
+    export.add_argument("checkpoint", help="a .ckpt written by python train.py")
+    _add_output(export, "the new model directory", required=True)
+    return parser
+
+
+def _add_compare(sub) -> None:
+    """`pretrain compare DIR...` and its options."""
     compare = sub.add_parser(
         "compare",
         help="what packing bought: loss, waste and truncation of runs side by side; runs that differ "
@@ -333,16 +348,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="a figure without times, for publishing from a shared machine: loss against optimizer steps "
         "instead of seconds, no tokens/s bars (the tables keep them)",
     )
-    evaluate = sub.add_parser("eval", help="validation loss, perplexity and bits per byte of a checkpoint")
-    evaluate.add_argument("checkpoint", help="a .ckpt written by python train.py")
-    evaluate.add_argument(
-        "overrides", nargs="*", help="overrides on the checkpoint's config, e.g. data=padded"
-    )
-    _add_output(evaluate, "also write the result as JSON to this file")
-    export = sub.add_parser("export", help="a Hugging Face GPT2LMHeadModel directory from a checkpoint")
-    export.add_argument("checkpoint", help="a .ckpt written by python train.py")
-    _add_output(export, "the new model directory", required=True)
-    return parser
 
 
 def _options_last(argv: list[str]) -> list[str]:

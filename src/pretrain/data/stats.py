@@ -1,7 +1,20 @@
 """`pretrain inspect-data`: statistics of a cache under the chosen policy, and a table of them.
 
 All numbers come from the split's index and the policy's layout (epoch 0 for policies that change per epoch,
-one rank); only the leak check reads tokens, block by block.
+one rank); only the leak check reads tokens, block by block. The keys of `inspect_split`:
+
+
+* `chunks` / `chunk_lengths`: the sequences attention runs over (`segment_lengths`);
+* `packs`: padded rows or packs; `pack_utilization`: real tokens / `slots` (packs x max_seq_len;
+  a padded row counts its padded width, so it is 1 - padding_waste there);
+* `padding_waste`: 1 - real tokens / `computed_rows`;
+* `truncated_pairs`: pairs no batch ever holds (the document tails `data.long_docs=truncate` drops);
+* `cross_document_visible_fraction`: share of real tokens that attend to another document;
+* the composition audit (data/audit.py): `truncated_documents`, `dropped_pairs`,
+  `fragmented_documents`, `units_vs_concat`, `attention_cost` and `attention_cost_padded`;
+* `tokens_per_step`: real tokens per microbatch (mean over the epoch) x train.accumulation;
+  `steps_per_epoch`: microbatches per epoch // train.accumulation;
+* `verbatim_leaks`: validation documents sharing a 64-token window with a train document.
 """
 
 from __future__ import annotations
@@ -141,19 +154,8 @@ def inspect_split(
 ) -> dict:
     """Statistics of the train split under the policy of `settings` (the inspect-data keys of the
     README), for one rank and epoch 0 (a policy that packs anew each epoch differs slightly per
-    epoch). The policy says what its batches cost (data/policies/); this module only adds them up:
-
-    * `chunks` / `chunk_lengths`: the sequences attention runs over (`segment_lengths`);
-    * `packs`: padded rows or packs; `pack_utilization`: real tokens / `slots` (packs x max_seq_len;
-      a padded row counts its padded width, so it is 1 - padding_waste there);
-    * `padding_waste`: 1 - real tokens / `computed_rows`;
-    * `truncated_pairs`: pairs no batch ever holds (the document tails `data.long_docs=truncate` drops);
-    * `cross_document_visible_fraction`: share of real tokens that attend to another document;
-    * the composition audit (data/audit.py): `truncated_documents`, `dropped_pairs`,
-      `fragmented_documents`, `units_vs_concat`, `attention_cost` and `attention_cost_padded`;
-    * `tokens_per_step`: real tokens per microbatch (mean over the epoch) x train.accumulation;
-      `steps_per_epoch`: microbatches per epoch // train.accumulation;
-    * `verbatim_leaks`: validation documents sharing a 64-token window with a train document.
+    epoch; the keys: the module docstring). The policy says what its batches cost (data/policies/);
+    this module only adds them up.
     Also `settings` (the policy's knobs) and `validation` (its size, and the batches and pairs that
     training's val/loss scores: the same for every policy).
     `audits=False` leaves out the two costly checks, `train_validation_overlap` (every id) and
@@ -174,10 +176,6 @@ def inspect_split(
     slots = policy.slots(plan)
     global_batches = plan.global_batches
     accumulation = settings.accumulation
-    scored = [
-        evaluation_chunks(part, settings.max_seq_len, validation_pairs(settings))
-        for part in (validation_parts or [validation])
-    ]
     own = {"long_docs": str(settings.data.long_docs)}  # named always, also where it is the default
     own.update({key.split(".")[-1]: value for key, value in sampler.policy_settings().items()})
     return {
@@ -198,14 +196,23 @@ def inspect_split(
         "steps_per_epoch": global_batches // accumulation,
         **(_audits(train, validation) if audits else {}),
         "settings": {"batch_size": settings.batch_size, "accumulation": accumulation, **own},
-        "validation": {
-            "documents": len(validation),
-            "raw_tokens": validation.num_tokens,
-            "prediction_pairs": validation.num_pairs,
-            "batches": sum(evaluation_batch_count(settings, s) for s in scored),  # val/loss's, one rank
-            "scored_pairs": sum(s.total_pairs for s in scored),
-        },
+        "validation": _validation(settings, validation, validation_parts),
         **(_mixture(sampler, plan) if sampler.mixture_plan is not None else {}),
+    }
+
+
+def _validation(settings: PolicySettings, validation: TokenSplit, parts: Sequence[TokenSplit] | None) -> dict:
+    """The validation split's size, and the batches and pairs training's val/loss scores (one rank)."""
+    scored = [
+        evaluation_chunks(part, settings.max_seq_len, validation_pairs(settings))
+        for part in (parts or [validation])
+    ]
+    return {
+        "documents": len(validation),
+        "raw_tokens": validation.num_tokens,
+        "prediction_pairs": validation.num_pairs,
+        "batches": sum(evaluation_batch_count(settings, s) for s in scored),  # val/loss's, one rank
+        "scored_pairs": sum(s.total_pairs for s in scored),
     }
 
 

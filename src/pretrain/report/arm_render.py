@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from . import floors as floor_models
-from .arm_table import EQUAL_WITHIN, ArmTable, Metric, contention_note
+from .arm_metrics import Metric
+from .arm_table import EQUAL_WITHIN, ArmTable, contention_note
 from .statistics import ALPHA, POWER, TOO_FEW, Comparison
 
 MARKDOWN_COLUMNS = (

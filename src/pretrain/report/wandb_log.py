@@ -57,7 +57,7 @@ def log_to_wandb(
     mode: str | None = None,
     arms: ArmTable | None = None,
 ) -> str:
-    """Log the comparison tables (`compare/arms`, a `wandb.Table` with arm_table.WANDB_COLUMNS, one
+    """Log the comparison tables (`compare/arms`, a `wandb.Table` with arm_render.WANDB_COLUMNS, one
     row per metric and arm; `compare/table`, one row per run with COLUMNS) and plot (`compare/plot`)
     into a new W&B run `compare-<group>` (job type `compare`) of the runs' group.
     Project and entity default to the runs' own; offline without an API key. Returns the run's URL
