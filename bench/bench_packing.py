@@ -31,6 +31,7 @@ import tracemalloc
 
 import numpy as np
 import torch
+from synthetic import fineweb_like_lengths
 
 from pretrain.config import TrainConfig
 from pretrain.data import packing
@@ -50,7 +51,6 @@ from pretrain.data.policies import (
 )
 from pretrain.data.policies.layout import chunk_layout
 from pretrain.data.samplers import build_sampler
-from pretrain.data.synthetic import fineweb_like_lengths
 from pretrain.data.tokens import TokenSplit
 
 NAME = "packing"
@@ -87,7 +87,7 @@ def _pydocs_lengths() -> tuple[np.ndarray, str]:
         texts = list(pydoc_data.topics.topics.values())
         origin = "pydoc_data.topics"
     try:
-        from pretrain.data.tokenizer import build_tokenizer, bundled_files
+        from pretrain.data.ingest.tokenizer import build_tokenizer, bundled_files
 
         tokenizer = build_tokenizer(bundled_files(), special_tokens=False)
         counts = [len(e.ids) for e in tokenizer.encode_batch(texts)]

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from synthetic import fineweb_like_lengths
 
 from pretrain.data import audit
 from pretrain.data.chunking import chunk_table
@@ -38,7 +39,6 @@ from pretrain.data.policies import (
     packs,
     shuffled,
 )
-from pretrain.data.synthetic import fineweb_like_lengths
 from pretrain.data.tokens import TokenSplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -197,9 +197,10 @@ def attention_checks(
 def model_checks(
     report: Report, device: torch.device, width: int = 1024, documents: int = 40, d_model: int = 768
 ) -> None:
+    from synthetic import synthetic_chunks
+
     from pretrain.data import gather_packed, gather_padded
     from pretrain.data.packing import best_fit_decreasing
-    from pretrain.data.synthetic import synthetic_chunks
     from pretrain.data.tokens import GPT2_VOCAB_SIZE
     from pretrain.model import GPT, GPTConfig
 
@@ -286,8 +287,9 @@ def throughput(
     bestfit packs and padded rows under each backend: real tokens/s and MFU (model FLOPs of the real
     segment lengths, never the pad width, over `peak` FLOP/s). Rows left when `deadline`
     (time.perf_counter()) has passed are recorded as skipped."""
+    from synthetic import packed_batches, synthetic_chunks
+
     from pretrain.data import gather_padded
-    from pretrain.data.synthetic import packed_batches, synthetic_chunks
     from pretrain.data.tokens import GPT2_VOCAB_SIZE
     from pretrain.model import GPT, GPTConfig
     from pretrain.model.flops import training_flops
@@ -481,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         print("skipped: no CUDA")
         return 0
     sys.path.insert(0, str(ROOT / "src"))  # also runs from a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT / "bench"))  # bench/synthetic.py: the benchmarks' synthetic batches
     from pretrain.model.flops import peak_flops
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must really be fp32

@@ -16,9 +16,9 @@ import pytest
 from helpers import POLICIES, SHARED_CACHE, module_cache_root
 
 from pretrain.config import load_config, to_config
-from pretrain.data.cache import CacheSpec
+from pretrain.data.ingest.cache import CacheSpec
+from pretrain.data.ingest.prepare import prepare_cache
 from pretrain.data.policies import REGISTRY, PolicySettings
-from pretrain.data.prepare import prepare_cache
 from pretrain.data.samplers import build_sampler
 
 REPO = Path(__file__).resolve().parents[1]

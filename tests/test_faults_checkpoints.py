@@ -16,15 +16,15 @@ import torch
 from helpers import POLICIES, SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import cli
-from pretrain.config import load_config
-from pretrain.errors import CheckpointError, ConfigError
-from pretrain.training.checkpoints import (
+from pretrain.checkpoint_files import (
     load_checkpoint,
     newest_valid_checkpoint,
     record_path,
     verify_checkpoint,
     write_record,
 )
+from pretrain.config import load_config
+from pretrain.errors import CheckpointError, ConfigError
 from pretrain.training.run import train
 from pretrain.training.rundir import LOCK_NAME, RunLock
 

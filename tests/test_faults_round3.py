@@ -17,9 +17,9 @@ import torch
 from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import cli, fileio
+from pretrain.checkpoint_files import newest_valid_checkpoint
 from pretrain.config import load_config, to_config
 from pretrain.errors import CheckpointError, ConfigError
-from pretrain.training.checkpoints import newest_valid_checkpoint
 from pretrain.training.run import train
 from pretrain.training.rundir import LOCK_NAME, RunLock
 
@@ -328,7 +328,7 @@ def test_a_checkpoint_with_a_tensor_of_another_shape_is_one_line_in_training_and
 ):
     import torch
 
-    from pretrain.training.checkpoints import save_verified
+    from pretrain.checkpoint_files import save_verified
 
     checkpoint = torch.load(saved_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     name = next(k for k in checkpoint["state_dict"] if k.endswith("ln_f.weight"))

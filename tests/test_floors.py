@@ -14,10 +14,10 @@ import pytest
 from filelock import FileLock, Timeout
 
 from pretrain.data import floors as floors_module
-from pretrain.data.cache import Cache
 from pretrain.data.floors import FLOORS, cache_floors, combined_floors, split_floors
+from pretrain.data.ingest.cache import Cache
+from pretrain.data.ingest.writer import SplitWriter
 from pretrain.data.tokens import TokenSplit
-from pretrain.data.writer import SplitWriter
 
 VOCAB = 7
 EOS = 6
@@ -272,9 +272,9 @@ def test_inspect_data_reports_the_caches_floors(parquet_file, cache_root, tmp_pa
 
     from pretrain.cli import main
     from pretrain.config import load_config, to_config
-    from pretrain.data.cache import CacheSpec, max_token_id
-    from pretrain.data.prepare import prepare_cache
-    from pretrain.data.tokenizer import token_byte_lengths
+    from pretrain.data.ingest.cache import CacheSpec, max_token_id
+    from pretrain.data.ingest.prepare import prepare_cache
+    from pretrain.data.ingest.tokenizer import token_byte_lengths
 
     overrides = ["source=local", files_override([parquet_file]), "split.validation_fraction=0.2"]
     output = tmp_path / "stats.json"

@@ -231,7 +231,7 @@ def test_weights_that_do_not_sum_to_one_are_normalised_with_one_line(tmp_path, c
     assert lines == ["mixture weights sum to 4, not 1: normalised to docs=0.75, web=0.25"]
     # Each component is its own cache: the pydocs one is the single-source run's cache.
     plain = to_config(compose())
-    from pretrain.data.cache import CacheSpec
+    from pretrain.data.ingest.cache import CacheSpec
 
     assert spec.components[0].cache.key == CacheSpec.from_config(plain).key
     assert spec.components[1].cache.key != spec.components[0].cache.key
@@ -354,8 +354,8 @@ def test_inspect_data_reports_each_component(tmp_path):
 def test_training_logs_tokens_and_validation_loss_per_component(tmp_path):
     from pretrain.checkpoint_files import load_trainer_checkpoint
     from pretrain.config import load_config
+    from pretrain.data.ingest.prepare import prepare_cache
     from pretrain.data.policies import PolicySettings
-    from pretrain.data.prepare import prepare_cache
     from pretrain.model import GPT, GPTConfig
     from pretrain.training.run import train
     from pretrain.training.scoring import score_batches

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from synthetic import fineweb_like_lengths
 
 from pretrain.data import packing
 from pretrain.data.packing import (
@@ -17,7 +18,6 @@ from pretrain.data.packing import (
     best_fit_decreasing,
     first_fit_online,
 )
-from pretrain.data.synthetic import fineweb_like_lengths
 
 pytest.importorskip("numba")
 

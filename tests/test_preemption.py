@@ -19,8 +19,8 @@ import pytest
 import torch
 from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
+from pretrain.checkpoint_files import verify_checkpoint
 from pretrain.config import load_config
-from pretrain.training.checkpoints import verify_checkpoint
 from pretrain.training.run import train
 from pretrain.training.rundir import claim_directory, run_dir, slurm_job_id
 

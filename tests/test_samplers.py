@@ -333,7 +333,7 @@ def test_epoch_plans_are_flat_arrays_of_a_few_bytes_per_chunk(case, tmp_path):
     array; a list or tuple per chunk would cost >= 36 bytes each)."""
     import tracemalloc
 
-    from pretrain.data.synthetic import fineweb_like_lengths
+    from synthetic import fineweb_like_lengths
 
     lengths = fineweb_like_lengths(150_000, seed=3)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])

@@ -13,9 +13,9 @@ from wandb_records import OfflineRun, finished_run_file, run_file
 
 from pretrain.cli import main
 from pretrain.config import load_config, to_config
-from pretrain.data.cache import CacheSpec
+from pretrain.data.ingest.cache import CacheSpec
+from pretrain.data.ingest.prepare import prepare_cache
 from pretrain.data.policies import PolicySettings
-from pretrain.data.prepare import prepare_cache
 from pretrain.data.stats import inspect_split
 from pretrain.report.arm_render import WANDB_COLUMNS
 from pretrain.report.compare import plot_run

@@ -51,7 +51,7 @@ def _cache_spec(overrides: list[str]):
     from .config import load_config, to_config
 
     config = to_config(load_config(overrides))  # a bad override fails before the heavy imports below
-    from .data.cache import CacheSpec
+    from .data.ingest.cache import CacheSpec
 
     return config, CacheSpec.from_config(config)
 
@@ -84,8 +84,8 @@ def component_configs(config):
 def cmd_verify(overrides: list[str]) -> int:
     """Full sha256 verification of the config's cache (a mixture: each component's), in place (it may
     be read-only)."""
+    from .data.ingest.prepare import verify_existing
     from .data.mixture import MixtureSpec
-    from .data.prepare import verify_existing
 
     config, spec = _cache_spec(overrides)
     mixture = MixtureSpec.from_config(config)
@@ -118,10 +118,11 @@ def cmd_inspect(overrides: list[str], output: str | None) -> int:
     config, spec = _cache_spec(overrides)
     path = _check_output_file(output, example="stats.json") if output else None  # before the work
     from .data.floors import combined_floors, spec_floors
+    from .data.ingest.prepare import prepare_cache
     from .data.mixture import MixtureSpec
     from .data.policies import PolicySettings
-    from .data.prepare import prepare_cache
-    from .data.stats import inspect_split, render_table
+    from .data.stats import inspect_split
+    from .report.inspect_table import render_table
 
     settings = PolicySettings.from_config(config.data, config.train, config.seed)
     mixture = MixtureSpec.from_config(config)

@@ -149,7 +149,7 @@ def _model_card(checkpoint: dict, hparams: dict) -> str:
 
 def _write_tokenizer(directory: Path, hparams: dict, max_length: int) -> None:
     from .config import TokenizerConfig
-    from .data.tokenizer import EOS_TEXT, build_tokenizer, resolve_files
+    from .data.ingest.tokenizer import EOS_TEXT, build_tokenizer, resolve_files
 
     saved = (hparams.get("run_config") or {}).get("tokenizer")
     if not saved:

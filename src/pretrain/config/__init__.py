@@ -9,10 +9,10 @@ Hydra's config.
 """
 
 from ..attention_backends import AttnConfig
+from ..data.ingest.prepare_settings import Encoder
+from ..data.ingest.writer import TokenDtype
 from ..data.policies import DataConfig, PadTo, Strategy
-from ..data.prepare_settings import Encoder
 from ..data.sources import SourceConfig
-from ..data.writer import TokenDtype
 from .checks import SEED_RANGE
 from .compose import (
     UnknownKeyError,

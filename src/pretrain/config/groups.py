@@ -11,9 +11,9 @@ from typing import Any, ClassVar
 
 from omegaconf import II, MISSING
 
-from ..data.prepare_settings import Encoder
+from ..data.ingest.prepare_settings import Encoder
+from ..data.ingest.writer import TokenDtype
 from ..data.sources import typed_source
-from ..data.writer import TokenDtype
 from ..errors import ConfigError
 from ..gpt2 import GPT2_VOCAB_SIZE
 from .checks import _at_least, _is_set, _valid_devices
@@ -49,7 +49,7 @@ class TokenizerConfig:
     """source=files: vocab.bpe / merges.txt"""
 
 
-# The split's defaults are the schema's; data/split.py reads them from here (config sits below data).
+# The split's defaults are the schema's; data/ingest/split.py reads them from here (config sits below data).
 DEFAULT_SPLIT_SEED = 20261003
 DEFAULT_VALIDATION_FRACTION = 0.05
 

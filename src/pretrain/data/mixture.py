@@ -55,7 +55,7 @@ from .tokens import TokenSplit
 
 if TYPE_CHECKING:
     from ..config import Config
-    from .cache import CacheSpec
+    from .ingest.cache import CacheSpec
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class MixtureSpec:
     def from_config(cls, config: Config) -> MixtureSpec | None:
         """The config's `mixture` (None without one), each component's cache spec computed now (a
         local source's files are hashed once). Weights that do not sum to 1 are normalised, saying so."""
-        from .cache import CacheSpec
+        from .ingest.cache import CacheSpec
 
         mixture = config.mixture
         if mixture is None:

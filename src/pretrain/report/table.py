@@ -63,7 +63,7 @@ def layout_statistics(run: Run, arms: list[tuple[str, dict[str, object]]] | None
     from omegaconf.errors import OmegaConfBaseException
 
     from ..config import to_config, upgrade_run_config
-    from ..data.cache import Cache, read_manifest
+    from ..data.ingest.cache import Cache, read_manifest
     from ..data.mixture import Mixture, mix_splits
     from ..data.policies import PolicySettings, policy_class
     from ..data.stats import inspect_split
@@ -112,8 +112,8 @@ def layout_statistics(run: Run, arms: list[tuple[str, dict[str, object]]] | None
 def cache_floors_of(run: Run) -> dict:
     """The floors of a run whose run.json has none (it predates them): those stored beside its cache
     (`pretrain inspect-data` or any newer run on that cache computes them); {} when none are."""
-    from ..data.cache import Cache
     from ..data.floors import recorded_floors
+    from ..data.ingest.cache import Cache
 
     try:
         cache_dir = Path(read_summary(run.path)["cache_dir"])

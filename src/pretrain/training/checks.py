@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint_files import load_checkpoint
 from ..config import AttnConfig, TrainerConfig, upgrade_sampler_state
 from ..data.policies import PolicySettings
 from ..data.samplers import check_resume
@@ -15,7 +16,6 @@ from ..errors import CheckpointError, ConfigError
 from ..hf import check_weight_shapes, model_weights
 from ..model import GPTConfig
 from ..model.attention import check_backend, resolve_backend
-from .checkpoints import load_checkpoint
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16, "fp16": torch.float16}
 DATAMODULE_STATE = "PretrainDataModule"  # Lightning saves a datamodule's state under its class name

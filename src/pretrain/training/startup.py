@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from ..checkpoint_files import AUTO, newest_valid_checkpoint
 from ..config import Config, check_known_keys, to_config
-from ..data.cache import CacheSpec
+from ..data.ingest.cache import CacheSpec
 from ..data.mixture import MixtureSpec
 from ..data.policies import PolicySettings
 from ..errors import CheckpointError

@@ -18,15 +18,15 @@ from pathlib import Path
 
 from ... import __version__
 from ...errors import SourceError
-from ..cache import SPLITS, CacheSpec, new_manifest, write_manifest
-from ..prepare_settings import resolve_num_proc
 from ..sources import source_from_config
-from ..writer import SplitWriter
+from .cache import SPLITS, CacheSpec, new_manifest, write_manifest
 from .collect import BuildStats, Collector
 from .encode import Encoded
 from .executors import Job, encoded_parts
+from .prepare_settings import resolve_num_proc
 from .progress import progress_bar
 from .staging import staged_parts
+from .writer import SplitWriter
 
 
 def _encoded(spec: CacheSpec, source, stats: BuildStats) -> Iterator[Encoded]:

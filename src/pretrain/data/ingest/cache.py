@@ -1,4 +1,4 @@
-"""The token cache: layout, identity and manifest (data/verify.py checks and opens one).
+"""The token cache: layout, identity and manifest (verify.py checks and opens one).
 
 <cache_root>/<key>/ holds, per split, a `.bin` of document tokens (`token_dtype`: uint16 when the
 tokenizer's ids fit, else uint32; EOS after each document), its `.jsonl` index {"id", "offset",
@@ -29,20 +29,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import CacheError, ConfigError
-from .files import (
+from ...errors import CacheError, ConfigError
+from ..files import (
     state_dir,
     writable_dir,
 )
-from .index import REBUILD_HINT, read_index_array
+from ..index import REBUILD_HINT, read_index_array
+from ..sources import source_identity
+from ..tokens import EOS_TOKEN_ID, DocumentIds, TokenSplit
 from .prepare_settings import PrepareSettings
-from .sources import source_identity
 from .tokenizer import TokenizerFiles, resolve_files
-from .tokens import EOS_TOKEN_ID, DocumentIds, TokenSplit
 from .writer import TOKEN_DTYPES, split_files
 
 if TYPE_CHECKING:
-    from ..config import BudgetConfig, Config, SourceConfig, SplitConfig, TokenizerConfig
+    from ...config import BudgetConfig, Config, SourceConfig, SplitConfig, TokenizerConfig
 
 FORMAT_VERSION = 2  # 2: token_dtype (uint16|uint32), <split>.index.npy
 SPLITS = ("train", "validation")

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CacheError
-from .cache import RECORD, SPLITS, Cache, _place_name, manifest_files, read_manifest
-from .files import (
+from ...errors import CacheError
+from ..files import (
     ensure_dir,
     file_stat,
     read_json,
@@ -22,8 +21,9 @@ from .files import (
     writable_dir,
     write_json_atomic,
 )
-from .index import REBUILD_HINT, read_index, read_index_array
-from .tokens import EOS_TOKEN_ID
+from ..index import REBUILD_HINT, read_index, read_index_array
+from ..tokens import EOS_TOKEN_ID
+from .cache import RECORD, SPLITS, Cache, _place_name, manifest_files, read_manifest
 from .writer import split_files
 
 
