@@ -69,7 +69,8 @@ class TrainConfig:
     """alternative to batch_size (batch_size = microbatch_tokens // max_seq_len; vsl: a multiple of it); set
     only one"""
     packing_buffer: int | None = None
-    """moved to data.packing_buffer (setting it here is an error that says so)"""
+    """refused: bestfit's buffer is data.packing_buffer, validation's train.eval_packing_buffer (the error
+    says so)"""
     accumulation: int = 1
     """microbatches per optimizer update"""
     eval_microbatch_tokens: int = 8192
