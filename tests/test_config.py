@@ -166,8 +166,8 @@ def test_the_data_group_holds_only_the_chosen_policys_options():
     )
     assert f"'data.strategy': {padded}" in composition_error("data=padded", "data.strategy=bfd")
     assert f"'data.packing_buffer': {padded}" in composition_error("data=padded", "data.packing_buffer=8")
-    for option, config_class in [("padded", "PaddedConfig"), ("prepacked", "PrepackedConfig")]:
-        assert type(to_config(load_config([f"data={option}"])).data).__name__ == config_class
+    for option, policy in REGISTRY.items():
+        assert type(to_config(load_config([f"data={option}"])).data) is policy.config_class
     bestfit = to_config(load_config(["data=bestfit", "data.packing_buffer=8"])).data
     assert isinstance(bestfit, PackingConfig) and bestfit.packing_buffer == 8
     # Validation packs have their own buffer, the same for every policy (bestfit's is its training one).
