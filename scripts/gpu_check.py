@@ -36,6 +36,8 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "bench") not in sys.path:  # bench/synthetic.py: the benchmarks' synthetic batches
+    sys.path.insert(0, str(ROOT / "bench"))
 
 # Stated tolerances. bf16 keeps 8 mantissa bits: rounding alone moves a value by up to 2^-9 of it
 # (0.016 for |x| in [4, 8), which a unit-normal v reaches), so tensors are compared by relative norm
@@ -483,7 +485,6 @@ def main(argv: list[str] | None = None) -> int:
         print("skipped: no CUDA")
         return 0
     sys.path.insert(0, str(ROOT / "src"))  # also runs from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT / "bench"))  # bench/synthetic.py: the benchmarks' synthetic batches
     from pretrain.model.flops import peak_flops
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must really be fp32

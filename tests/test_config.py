@@ -181,7 +181,7 @@ def test_data_errors_are_one_line_naming_the_key(tmp_path):
         to_config(load_config(["train.packing_buffer=8"]))
     assert str(info.value) == (
         "train.packing_buffer moved to the data group: set data.packing_buffer=8 instead "
-        "(an option of data=prepacked, data=bestfit, data=firstfit)"
+        "(an option of data=bestfit)"
     )
     with pytest.raises(
         errors.ConfigError, match=r"^data\.policy=padded does not fit the options of data=bestfit"
