@@ -53,4 +53,4 @@ def test_an_old_state_with_another_buffer_is_refused_naming_the_new_key(tmp_path
     state["settings"]["train.packing_buffer"] = 32
     sampler, _ = _sampler("bestfit", tmp_path)
     with pytest.raises(ValueError, match=r"data\.packing_buffer: 32 -> 64"):
-        sampler.load_state_dict(state)
+        sampler.load_state_dict(upgrade_sampler_state(state))  # as the run reads a checkpoint's
