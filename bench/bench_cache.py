@@ -24,22 +24,21 @@ import time
 from pathlib import Path
 
 import numpy as np
+from synthetic import fineweb_like_lengths
 
-from pretrain.data.cache import (
+from pretrain.data.ingest.cache import (
     FORMAT_VERSION,
     SPLITS,
     Cache,
-    check_cache,
     disk_bytes,
     identity_key,
     manifest_checksum,
     read_index,
-    record_built,
     write_manifest,
 )
-from pretrain.data.synthetic import fineweb_like_lengths
+from pretrain.data.ingest.verify import check_cache, record_built
+from pretrain.data.ingest.writer import SplitWriter
 from pretrain.data.tokens import EOS_TOKEN_ID
-from pretrain.data.writer import SplitWriter
 
 NAME = "cache"
 TARGET_BYTES_PER_TOKEN = 2.3
@@ -138,8 +137,8 @@ def measure_cache(directory: Path) -> dict:
 
 def _pydocs_row(root: Path) -> dict:
     from pretrain.config import load_config, to_config
-    from pretrain.data.cache import CacheSpec
-    from pretrain.data.prepare import prepare_cache
+    from pretrain.data.ingest.cache import CacheSpec
+    from pretrain.data.ingest.prepare import prepare_cache
 
     os.environ["PRETRAIN_CACHE_ROOT"] = str(root)
     cache = prepare_cache(CacheSpec.from_config(to_config(load_config([]))), progress=False)

@@ -20,8 +20,11 @@ import lightning as L
 
 from pretrain.config import load_config
 from pretrain.report.compare import plot_run
+from pretrain.training import fit as fit_file
 from pretrain.training import module as module_file
 from pretrain.training import run as run_file
+from pretrain.training import startup as startup_file
+from pretrain.training import summary as summary_file
 
 NAME = "finish"
 ROUNDS = 2
@@ -40,8 +43,8 @@ def _one_run(out: Path) -> dict:
     timed: dict[str, list] = {"validation": [], "checkpoints": [], "audit": [], "plot": []}
     validation_metrics = module_file.PretrainModule.validation_metrics
     save_checkpoint = L.Trainer.save_checkpoint
-    composition_audit = run_file.composition_audit
-    hydra_mode, output_dir = run_file._hydra_mode, run_file._output_dir
+    composition_audit = summary_file.composition_audit
+    hydra_mode, output_dir = fit_file.hydra_mode, startup_file._output_dir
 
     def validation(self):
         started = time.perf_counter()
@@ -68,9 +71,9 @@ def _one_run(out: Path) -> dict:
 
     module_file.PretrainModule.validation_metrics = validation  # type: ignore[method-assign]
     L.Trainer.save_checkpoint = save  # type: ignore[method-assign]
-    run_file.composition_audit = audit
-    run_file._hydra_mode = lambda: "RUN"  # a single run under Hydra draws its plot
-    run_file._output_dir = lambda configured: Path(configured)
+    summary_file.composition_audit = audit
+    fit_file.hydra_mode = lambda: "RUN"  # a single run under Hydra draws its plot
+    startup_file._output_dir = lambda configured: Path(configured)
     try:
         started = time.perf_counter()
         run_file.train(load_config([*OVERRIDES, f"output_dir={out}"]), plot_run=plot)
@@ -78,8 +81,8 @@ def _one_run(out: Path) -> dict:
     finally:
         module_file.PretrainModule.validation_metrics = validation_metrics  # type: ignore[method-assign]
         L.Trainer.save_checkpoint = save_checkpoint  # type: ignore[method-assign]
-        run_file.composition_audit = composition_audit
-        run_file._hydra_mode, run_file._output_dir = hydra_mode, output_dir
+        summary_file.composition_audit = composition_audit
+        fit_file.hydra_mode, startup_file._output_dir = hydra_mode, output_dir
     last = dict(timed["checkpoints"]).get("last.ckpt", 0.0)
     final_validation = sum(s for step, s in timed["validation"] if step == MAX_STEPS)
     return {

@@ -28,9 +28,9 @@ def _timed(function):
 
 def _pydocs_row(root: Path) -> dict:
     from pretrain.config import load_config, to_config
-    from pretrain.data.cache import CacheSpec
     from pretrain.data.floors import spec_floors
-    from pretrain.data.prepare import prepare_cache
+    from pretrain.data.ingest.cache import CacheSpec
+    from pretrain.data.ingest.prepare import prepare_cache
 
     os.environ["PRETRAIN_CACHE_ROOT"] = str(root)
     spec = CacheSpec.from_config(to_config(load_config([])))
@@ -57,8 +57,8 @@ def _synthetic_rows(root: Path) -> list[dict]:
     import numpy as np
     from bench_cache import write_synthetic_cache
 
-    from pretrain.data.cache import open_cache
     from pretrain.data.floors import split_floors
+    from pretrain.data.ingest.verify import open_cache
     from pretrain.gpt2 import GPT2_VOCAB_SIZE
 
     cache = open_cache(write_synthetic_cache(root, SYNTHETIC_TOKENS), mode="quick")

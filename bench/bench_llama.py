@@ -23,9 +23,9 @@ import lightning as L
 import torch
 
 from pretrain.config import load_config, to_config
-from pretrain.data.cache import CacheSpec
+from pretrain.data.ingest.cache import CacheSpec
+from pretrain.data.ingest.prepare import prepare_cache
 from pretrain.data.policies import PolicySettings
-from pretrain.data.prepare import prepare_cache
 from pretrain.data.samplers import build_sampler
 from pretrain.model import build_model, config_from_settings
 from pretrain.training.run import train, with_tokenizer_vocab

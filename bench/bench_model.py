@@ -3,7 +3,7 @@
 Both policies see the same chunks of the same synthetic documents (FineWeb-like lognormal lengths),
 so they train on the same real tokens; the padded policy also computes its pad rows. The ideal
 speedup is padded computed rows / real tokens; the target is measured >= 0.8 x ideal.
-The documents, chunks and batches come from pretrain.data.synthetic (shared with scripts/gpu_check.py).
+The documents, chunks and batches come from bench/synthetic.py (shared with scripts/gpu_check.py).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 import torch
+from synthetic import fineweb_like_lengths, packed_batches, padded_batches, synthetic_chunks
 
 from pretrain.config import load_config, to_config
 from pretrain.data import PackedBatch
-from pretrain.data.synthetic import fineweb_like_lengths, packed_batches, padded_batches, synthetic_chunks
 from pretrain.model import GPT, GPTConfig
 
 NAME = "model"

@@ -31,6 +31,7 @@ import tracemalloc
 
 import numpy as np
 import torch
+from synthetic import fineweb_like_lengths
 
 from pretrain.config import TrainConfig
 from pretrain.data import packing
@@ -41,7 +42,6 @@ from pretrain.data.policies import (
     BestfitPolicy,
     EpochPlan,
     Layout,
-    Policy,
     PolicySettings,
     VslConfig,
     VslPolicy,
@@ -51,7 +51,6 @@ from pretrain.data.policies import (
 )
 from pretrain.data.policies.layout import chunk_layout
 from pretrain.data.samplers import build_sampler
-from pretrain.data.synthetic import fineweb_like_lengths
 from pretrain.data.tokens import TokenSplit
 
 NAME = "packing"
@@ -88,7 +87,7 @@ def _pydocs_lengths() -> tuple[np.ndarray, str]:
         texts = list(pydoc_data.topics.topics.values())
         origin = "pydoc_data.topics"
     try:
-        from pretrain.data.tokenizer import build_tokenizer, bundled_files
+        from pretrain.data.ingest.tokenizer import build_tokenizer, bundled_files
 
         tokenizer = build_tokenizer(bundled_files(), special_tokens=False)
         counts = [len(e.ids) for e in tokenizer.encode_batch(texts)]
@@ -105,14 +104,14 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
 
 def _settings() -> PolicySettings:
     """Best fit at CAPACITY: 8 packs per batch from a buffer of 64 chunks, seed 0."""
-    data = BestfitConfig(policy=Policy.bestfit, max_seq_len=CAPACITY, packing_buffer=64)
+    data = BestfitConfig(policy="bestfit", max_seq_len=CAPACITY, packing_buffer=64)
     train = TrainConfig(batch_size=8, microbatch_tokens=None, eval_microbatch_tokens=8192, val_batches=None)
     return PolicySettings.from_config(data, train, seed=0)
 
 
 def _cross_document_unmasked(layout: Layout) -> float:
     """Share of real tokens that would see another document with data.document_mask=false."""
-    config = BestfitConfig(policy=Policy.bestfit, max_seq_len=CAPACITY, document_mask=False)
+    config = BestfitConfig(policy="bestfit", max_seq_len=CAPACITY, document_mask=False)
     return BestfitPolicy(config).cross_document_visible_fraction(EpochPlan(layout, None, 1, 0, 0))
 
 
@@ -301,7 +300,7 @@ def measure_plan(
                 layout = firstfit_layout(table, order, OPEN_BINS)
             return time.perf_counter() - packed, len(layout), layout.nbytes
         if method == "vsl":
-            policy = VslPolicy(VslConfig(policy=Policy.vsl, max_seq_len=max_seq_len))
+            policy = VslPolicy(VslConfig(policy="vsl", max_seq_len=max_seq_len))
             unused = TokenSplit.from_lengths(np.array([2]), seed=0)  # vsl's layout reads the table only
             layout = policy.layout(unused, table, np.random.default_rng([0, 1]), None)
             order = policy.unit_order(layout, np.random.default_rng([0, 1]), VSL_BATCH)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from synthetic import fineweb_like_lengths
 
 from pretrain.data import audit
 from pretrain.data.chunking import chunk_table
@@ -32,14 +33,12 @@ from pretrain.data.policies import (
     BestfitConfig,
     BestfitPolicy,
     EpochPlan,
-    Policy,
     PrepackedConfig,
     PrepackedPolicy,
     bestfit_layout,
     packs,
     shuffled,
 )
-from pretrain.data.synthetic import fineweb_like_lengths
 from pretrain.data.tokens import TokenSplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -82,9 +81,9 @@ def measure(chunks: int = CHUNKS) -> dict:
     split = _split(_lengths(chunks))
     table = chunk_table(split.offsets, split.lengths, CAPACITY)
     rng = np.random.default_rng(0)
-    concat = PrepackedPolicy(PrepackedConfig(policy=Policy.prepacked, max_seq_len=CAPACITY))
-    bfd = PrepackedPolicy(PrepackedConfig(policy=Policy.prepacked, max_seq_len=CAPACITY, strategy="bfd"))
-    bestfit = BestfitPolicy(BestfitConfig(policy=Policy.bestfit, max_seq_len=CAPACITY))
+    concat = PrepackedPolicy(PrepackedConfig(policy="prepacked", max_seq_len=CAPACITY))
+    bfd = PrepackedPolicy(PrepackedConfig(policy="prepacked", max_seq_len=CAPACITY, strategy="bfd"))
+    bestfit = BestfitPolicy(BestfitConfig(policy="bestfit", max_seq_len=CAPACITY))
     small = _split(split.lengths[:64])
     bfd.layout(small, chunk_table(small.offsets, small.lengths, CAPACITY), rng, None)  # compile first
     bestfit_layout(table, np.arange(64, dtype=np.int32), 64)

@@ -171,7 +171,7 @@ def _texts(corpus: str) -> list[str]:
 
 
 def _worker_raw(corpus: str, kind: str, parallelism: int) -> dict:
-    from pretrain.data.tokenizer import TiktokenEncoder, build_tokenizer, bundled_files
+    from pretrain.data.ingest.tokenizer import TiktokenEncoder, build_tokenizer, bundled_files
 
     texts = _texts(corpus)
     files = bundled_files()

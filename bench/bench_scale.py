@@ -58,7 +58,7 @@ def _rank_startup(corpus: str) -> dict:
 
     from pretrain.config import load_config, to_config
     from pretrain.training.datamodule import PretrainDataModule
-    from pretrain.training.run import RunSettings
+    from pretrain.training.startup import RunSettings
 
     overrides = [
         "source=local",
@@ -100,11 +100,11 @@ def _mixture_plan(tokens: int) -> dict:
     """A 3-component mixture's plan over `tokens` synthetic tokens (run in a fresh process): component
     sizes in proportion to their weight / max_repeat, so every one is used up to its limit."""
     import numpy as np
+    from synthetic import fineweb_like_lengths
 
     from pretrain.arrays import prefix_sums
     from pretrain.data.chunking import chunk_table
     from pretrain.data.mixture import Mixture, MixturePlan
-    from pretrain.data.synthetic import fineweb_like_lengths
 
     baseline, _ = _hwm_mib()
     need = np.array([w / r for _, w, r in MIXTURE])
@@ -178,7 +178,7 @@ def measure_rank_startup(corpus: Path, cache_root: Path) -> dict:
 def _measure_size(tokens: int, workdir: Path) -> dict:
     from bench_prepare import measure_prepare, measure_raw, write_synthetic_corpus
 
-    from pretrain.data.cache import disk_bytes
+    from pretrain.data.ingest.cache import disk_bytes
 
     corpus = write_synthetic_corpus(workdir / "corpus", tokens, seed=0)["directory"]
     root = workdir / "cache"

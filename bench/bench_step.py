@@ -37,9 +37,9 @@ ALLOCATORS = ("default", "tuned")
 def _child(head: str, steps: int) -> dict:
     """Train `steps` timed steps in this process; per-step medians and the process's peak RSS."""
     import torch
+    from synthetic import packed_batches, synthetic_chunks
 
     from pretrain.config import load_config, to_config
-    from pretrain.data.synthetic import packed_batches, synthetic_chunks
     from pretrain.model import GPT, GPTConfig
     from pretrain.model.loss import token_cross_entropy
 

@@ -45,13 +45,14 @@ def _after(owner, name: str, phase: str, once: bool = True) -> None:
 
 def main(out: str, script: str, argv: list[str]) -> None:
     # pretrain.training first, as train.py has it: it installs training/lean_imports.py before Lightning.
-    run_module = importlib.import_module("pretrain.training.run")
+    importlib.import_module("pretrain.training.run")
     import lightning as L
 
     import pretrain.report.compare as compare
+    from pretrain.training import fit as fit_module
     from pretrain.training.datamodule import PretrainDataModule
     from pretrain.training.module import PretrainModule
-    from pretrain.training.run import RunSettings
+    from pretrain.training.startup import RunSettings
 
     PHASES["imports"] = mark()
     _after(RunSettings, "from_config", "config")
@@ -62,7 +63,7 @@ def main(out: str, script: str, argv: list[str]) -> None:
     _after(PretrainModule, "training_step", "first step")
     _after(PretrainModule, "validation_metrics", "validation", once=False)
     _after(L.Trainer, "save_checkpoint", "checkpoint", once=False)
-    _after(run_module, "release_training_state", "released")
+    _after(fit_module, "release_training_state", "released")
     _after(compare, "plot_run", "plot")
 
     def write() -> None:

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "bench") not in sys.path:  # bench/synthetic.py: the benchmarks' synthetic batches
+    sys.path.insert(0, str(ROOT / "bench"))
 
 # Stated tolerances. bf16 keeps 8 mantissa bits: rounding alone moves a value by up to 2^-9 of it
 # (0.016 for |x| in [4, 8), which a unit-normal v reaches), so tensors are compared by relative norm
@@ -197,9 +199,10 @@ def attention_checks(
 def model_checks(
     report: Report, device: torch.device, width: int = 1024, documents: int = 40, d_model: int = 768
 ) -> None:
+    from synthetic import synthetic_chunks
+
     from pretrain.data import gather_packed, gather_padded
     from pretrain.data.packing import best_fit_decreasing
-    from pretrain.data.synthetic import synthetic_chunks
     from pretrain.data.tokens import GPT2_VOCAB_SIZE
     from pretrain.model import GPT, GPTConfig
 
@@ -286,8 +289,9 @@ def throughput(
     bestfit packs and padded rows under each backend: real tokens/s and MFU (model FLOPs of the real
     segment lengths, never the pad width, over `peak` FLOP/s). Rows left when `deadline`
     (time.perf_counter()) has passed are recorded as skipped."""
+    from synthetic import packed_batches, synthetic_chunks
+
     from pretrain.data import gather_padded
-    from pretrain.data.synthetic import packed_batches, synthetic_chunks
     from pretrain.data.tokens import GPT2_VOCAB_SIZE
     from pretrain.model import GPT, GPTConfig
     from pretrain.model.flops import training_flops

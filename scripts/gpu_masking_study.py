@@ -214,8 +214,8 @@ def cache_split(cache: CarriedCache, name: str):
     import numpy as np
 
     from pretrain.data.index import read_index_array
+    from pretrain.data.ingest.writer import split_files
     from pretrain.data.tokens import DocumentIds, TokenSplit
-    from pretrain.data.writer import split_files
 
     names = split_files(name)
     documents = int(cache.manifest["splits"][name]["documents"])

@@ -9,6 +9,7 @@ from dataclasses import fields
 import numpy as np
 import pytest
 from helpers.reference import union1d_concat_windows, unique_fragmented
+from synthetic import fineweb_like_lengths
 
 from pretrain.arrays import member_of_sorted, prefix_sums, sorted_unique
 from pretrain.data.audit import fragmented_documents
@@ -18,7 +19,6 @@ from pretrain.data.policies import EpochPlan, bestfit_layout, firstfit_layout, s
 from pretrain.data.policies.layout import chunk_layout
 from pretrain.data.policies.packs import load_or_build_packs
 from pretrain.data.stats import leaked_documents
-from pretrain.data.synthetic import fineweb_like_lengths
 from pretrain.data.tokens import TokenSplit
 
 

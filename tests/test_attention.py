@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretrain.config import AttnBackend
+from pretrain.attention_backends import BACKENDS as CATALOG
+from pretrain.errors import ConfigError
 from pretrain.model.attention import (
     CHOICES,
     REGISTRY,
@@ -61,6 +62,17 @@ def cu_of(lengths):
     return torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
 
 
+def runs_on_cpu(name: str, training: bool) -> bool:
+    try:
+        check_backend(name, "cpu", torch.float32, training=training)
+    except ConfigError:
+        return False
+    return True
+
+
+CPU_EVAL = [name for name in REGISTRY if runs_on_cpu(name, training=False)]
+
+
 def run_backend(backend, q, k, v, lengths):
     meta = prepare_attention(backend, cu_of(lengths), np.asarray(lengths, dtype=np.int64), q.device)
     assert meta.backend is get_backend(backend)
@@ -97,6 +109,16 @@ def test_flex_forward_matches_naive(layout):
     q, k, v = qkv(sum(lengths))
     with torch.no_grad():
         out = run_backend("flex", q, k, v, lengths)
+    torch.testing.assert_close(out, naive_attention(q, k, v, lengths), atol=TIGHT, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["padded-rows", "mixed", "with-empty-segments", "lognormal"])
+@pytest.mark.parametrize("backend", CPU_EVAL)
+def test_every_backend_that_runs_here_matches_naive_forward(backend, layout):
+    lengths = LAYOUTS[layout]
+    q, k, v = qkv(sum(lengths))
+    with torch.no_grad():
+        out = run_backend(backend, q, k, v, lengths)
     torch.testing.assert_close(out, naive_attention(q, k, v, lengths), atol=TIGHT, rtol=0)
 
 
@@ -142,7 +164,7 @@ def test_sdpa_matches_naive_on_any_layout(lengths):
     )
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+@pytest.mark.parametrize("backend", CPU_EVAL)
 def test_changing_one_segment_leaves_the_others_bitwise_unchanged(backend):
     lengths = [12, 30, 7, 25]
     q, k, v = qkv(sum(lengths))
@@ -201,9 +223,9 @@ def test_bucket_width_pads_less_than_a_quarter_beyond_the_minimum_step(length):
 def test_auto_resolves_to_sdpa_off_cuda_and_explicit_backends_stay():
     assert resolve_backend("auto", "cpu") == "sdpa"
     assert resolve_backend("auto", torch.device("cuda")) == "varlen"
-    for name in ("sdpa", "flex", "varlen"):
+    for name in REGISTRY:
         assert resolve_backend(name, "cpu") == name
-    with pytest.raises(ValueError, match="auto, sdpa, flex, varlen"):
+    with pytest.raises(ValueError, match=", ".join(CHOICES)):
         resolve_backend("flash", "cpu")
 
 
@@ -257,27 +279,31 @@ def test_gpu_check_skips_without_cuda(tmp_path):
 
 
 def test_schema_conf_and_registry_name_the_same_backends():
-    """A backend is one module + one REGISTRY line + conf/attn/<name>.yaml + the schema's enum value:
-    the schema sits below the model and cannot read the registry, so this keeps the lists in step."""
-    assert CHOICES == ("auto", "sdpa", "flex", "varlen")
-    assert {str(choice) for choice in AttnBackend} == set(CHOICES)
+    """A backend is one module + one line of the torch-free catalog (which the schema's choices and
+    this registry both read) + conf/attn/<name>.yaml."""
+    assert CHOICES == tuple(CATALOG) and CHOICES[0] == "auto"
     assert {p.stem for p in (ROOT / "conf" / "attn").glob("*.yaml")} == set(CHOICES)
+    assert set(REGISTRY) == {name for name, choice in CATALOG.items() if choice.implementation}
     for name, backend in REGISTRY.items():
         assert isinstance(backend, AttentionBackend) and backend.name == name
 
 
-@pytest.mark.parametrize("name", ["sdpa", "flex", "varlen"])
+@pytest.mark.parametrize("name", list(REGISTRY))
 def test_each_backend_prepares_its_own_batch_metadata(name):
     lengths = np.array([5, 0, 130, 7])
     meta = prepare_attention(name, cu_of(lengths).long(), lengths, "cpu")
     assert meta.backend is REGISTRY[name]
     assert meta.cu_seqlens.dtype == torch.int32 and meta.cu_seqlens.tolist() == [0, 5, 5, 135, 142]
     assert type(meta.max_seqlen) is int and meta.max_seqlen == 130
-    plan = {"sdpa": "SdpaPlan", "flex": "FlexPlan", "varlen": "NoneType"}[name]
-    assert type(meta.plan).__name__ == plan
-    if name == "flex":
-        assert meta.plan.compiled is False  # attn.compile=auto compiles on CUDA only
-        assert prepare_attention(name, cu_of(lengths), lengths, "cpu", attn_compile=True).plan.compiled
+
+
+def test_the_backends_plans():
+    lengths = np.array([5, 0, 130, 7])
+    plans = {name: prepare_attention(name, cu_of(lengths), lengths, "cpu").plan for name in ("sdpa", "flex")}
+    assert type(plans["sdpa"]).__name__ == "SdpaPlan" and type(plans["flex"]).__name__ == "FlexPlan"
+    assert prepare_attention("varlen", cu_of(lengths), lengths, "cpu").plan is None
+    assert plans["flex"].compiled is False  # attn.compile=auto compiles on CUDA only
+    assert prepare_attention("flex", cu_of(lengths), lengths, "cpu", attn_compile=True).plan.compiled
 
 
 def test_auto_and_unknown_names_are_not_backends():

@@ -37,12 +37,13 @@ from helpers import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pretrain.data import prepare as prepare_module
-from pretrain.data.build import executors
-from pretrain.data.build.executors import BATCH_CHARS
-from pretrain.data.cache import CacheError, identity_differences, identity_key, open_cache, verify_cache
+from pretrain.data.ingest import executors
+from pretrain.data.ingest import prepare as prepare_module
+from pretrain.data.ingest.cache import CacheError, identity_differences, identity_key
+from pretrain.data.ingest.executors import BATCH_CHARS
+from pretrain.data.ingest.tokenizer import bundled_files
+from pretrain.data.ingest.verify import open_cache, verify_cache
 from pretrain.data.sources import Document, SourceError
-from pretrain.data.tokenizer import bundled_files
 
 FILES = {
     "train.bin",
@@ -341,7 +342,7 @@ def _flip_byte(path: Path, at: float = 0.5) -> None:
 
 
 def _edit_manifest(directory: Path, edit, fix_checksum: bool = False) -> None:
-    from pretrain.data.cache import manifest_checksum
+    from pretrain.data.ingest.cache import manifest_checksum
 
     path = directory / "manifest.json"
     manifest = json.loads(path.read_text())

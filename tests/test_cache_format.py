@@ -22,6 +22,7 @@ from unittest import mock
 import numpy as np
 import pytest
 from helpers import (
+    POLICY_VARIANTS,
     REPO,
     base_overrides,
     cache_spec,
@@ -36,13 +37,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pretrain.cli import main as cli_main
-from pretrain.data import cache as cache_module
 from pretrain.data import index as index_module
-from pretrain.data.cache import CacheError, disk_bytes, identity_key, manifest_checksum
 from pretrain.data.evaluation import evaluation_batches, evaluation_chunks
+from pretrain.data.ingest import verify as cache_module
+from pretrain.data.ingest.cache import CacheError, disk_bytes, identity_key, manifest_checksum
+from pretrain.data.ingest.tokenizer import bundled_files
+from pretrain.data.ingest.writer import SplitWriter
 from pretrain.data.samplers import build_sampler
-from pretrain.data.tokenizer import bundled_files
-from pretrain.data.writer import SplitWriter
 from pretrain.errors import ConfigError
 
 cache_root = module_cache_root()
@@ -123,10 +124,10 @@ def test_token_dtype_is_in_the_identity_and_the_manifest(caches, corpus):
             assert (small.directory / name).read_bytes() == (large.directory / name).read_bytes()
 
 
-@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit"])
-def test_uint16_and_uint32_caches_give_identical_batches(caches, policy, tmp_path):
-    # concat windows without the document mask also gather each next document's first token as a target
-    extra = ["data.document_mask=false"] if policy == "prepacked" else []
+@pytest.mark.parametrize("case", list(POLICY_VARIANTS))
+def test_uint16_and_uint32_caches_give_identical_batches(caches, case, tmp_path):
+    # (concat windows without the document mask also gather each next document's first token as a target)
+    policy, *extra = POLICY_VARIANTS[case]
     settings_ = policy_cfg(policy, "data.max_seq_len=64", "train.batch_size=3", *extra)
     batches = {}
     for name, cache in caches.items():
@@ -349,7 +350,7 @@ from pathlib import Path
 sys.path.insert(0, {tests!r})
 from helpers import cache_spec, compose, policy_cfg
 os.environ.update({env!r})  # helpers.env points these at its own temporary directories
-from pretrain.data.prepare import prepare_cache, verify_existing
+from pretrain.data.ingest.prepare import prepare_cache, verify_existing
 from pretrain.data.samplers import build_sampler
 from pretrain.errors import CacheError
 

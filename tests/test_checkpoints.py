@@ -16,9 +16,7 @@ from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pretrain.config import load_config
-from pretrain.errors import CheckpointError, ConfigError
-from pretrain.training.checkpoints import (
+from pretrain.checkpoint_files import (
     CheckpointWarning,
     newest_valid_checkpoint,
     record_path,
@@ -26,6 +24,8 @@ from pretrain.training.checkpoints import (
     verify_checkpoint,
     write_record,
 )
+from pretrain.config import load_config
+from pretrain.errors import CheckpointError, ConfigError
 from pretrain.training.run import train
 
 # One cache for this module and test_preemption.py (the same session folder, under a file lock).

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import DESIGN_KEYS
+from helpers import DESIGN_KEYS, POLICIES
 
 from pretrain.cli import parse_args
 
@@ -77,7 +77,7 @@ def test_train_py_bad_config_exits_2_with_the_fix(tmp_path, env):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_inspect_data_writes_every_design_key(tmp_path, env, policy):
     output = tmp_path / f"{policy}.json"
     proc = _run(

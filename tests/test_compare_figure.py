@@ -17,21 +17,20 @@ from omegaconf import OmegaConf
 from pretrain.config import to_config
 from pretrain.data.policies import PolicySettings
 from pretrain.data.stats import inspect_split
-from pretrain.report.compare import (
+from pretrain.report.compare import compare
+from pretrain.report.figure import (
     SPEED_TITLE,
     TIME_AXIS,
     TOKENS_AXIS,
     TRUNCATION_TITLE,
     WASTE_TITLE,
     arm_colors,
-    compare,
     figure,
-    layout_arms,
-    layout_statistics,
-    load_run,
     percent,
 )
 from pretrain.report.statistics import smooth
+from pretrain.report.table import layout_arms, layout_statistics
+from pretrain.training.run_record import load_run
 
 STEPS = [  # step, train/loss, train/tokens, train/step_seconds, train/data_seconds, train/padding_waste
     (1, 10.0, 100, 2.0, 0.5, 0.25),
@@ -135,7 +134,7 @@ def test_a_sweep_is_grouped_by_policy_colour_and_swept_line_style(runs):
 
 
 def _splits(run_dir: Path):
-    from pretrain.data.cache import Cache, read_manifest
+    from pretrain.data.ingest.cache import Cache, read_manifest
 
     directory = Path(json.loads((run_dir / "run.json").read_text())["cache_dir"])
     cache = Cache(directory, read_manifest(directory))
@@ -203,8 +202,8 @@ def test_percent_labels_never_read_minus_zero(value, text):
 def test_a_mixture_run_is_compared_with_every_layout_that_can_mix_on_its_mixed_epoch(tmp_path, make_cfg):
     """A mixture's run.json names each component's cache (`cache_dirs`, no `cache_dir`): the layout
     bars are those of its mixed epoch, as `inspect-data` computes them on the mixture."""
+    from pretrain.data.ingest.prepare import prepare_cache
     from pretrain.data.mixture import MixtureSpec
-    from pretrain.data.prepare import prepare_cache
 
     second = tmp_path / "second.jsonl"
     second.write_text(

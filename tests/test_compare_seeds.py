@@ -13,14 +13,18 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import yaml
+from helpers import POLICIES
 from scipy import stats
 from wandb_records import OfflineRun, finished_run_file
 
 from pretrain.cli import main, parse_args
 from pretrain.errors import ConfigError
-from pretrain.report.arm_table import WANDB_COLUMNS, arm_table, common_reach, markdown, tokens_to_reach
+from pretrain.report.arm_metrics import common_reach, tokens_to_reach
+from pretrain.report.arm_render import WANDB_COLUMNS, markdown
+from pretrain.report.arm_table import arm_table
 from pretrain.report.arms import group_arms
-from pretrain.report.compare import arm_colors, compare, figure, find_runs, label_runs, load_run
+from pretrain.report.compare import compare, find_runs, label_runs
+from pretrain.report.figure import arm_colors, figure
 from pretrain.report.statistics import (
     detectable_effect,
     interpolate_at,
@@ -29,6 +33,7 @@ from pretrain.report.statistics import (
     smooth,
     summarize,
 )
+from pretrain.training.run_record import load_run
 
 A, B, C = "padded max_seq_len=64", "bestfit max_seq_len=64", "padded max_seq_len=128"
 
@@ -705,7 +710,7 @@ def test_runs_alike_are_told_apart_by_their_paths_not_by_job_numbers_every_sweep
 
 
 def test_more_than_four_arms_also_get_one_small_panel_each(tmp_path):
-    policies = ("padded", "bestfit", "firstfit", "vsl", "prepacked")
+    policies = tuple(POLICIES)  # more than four arms
     for job, policy in enumerate(policies):
         write_run(tmp_path / str(job), policy=policy, seed=1, train_loss=3.0 - job / 10, val=(4.0, 3.0))
     runs = [load_run(path) for path in find_runs([tmp_path])]

@@ -9,7 +9,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from helpers import policy_cfg
+from helpers import packing_policies, policy_cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -105,7 +105,7 @@ def test_the_same_seed_serves_the_same_batches(arm, tmp_path):
     assert served(2) != first  # another seed: another order
 
 
-@pytest.mark.parametrize("policy", ["bestfit", "firstfit", "prepacked"])
+@pytest.mark.parametrize("policy", packing_policies())
 def test_validation_does_not_depend_on_the_document_mask(policy):
     """val/loss compares models: with the mask off, validation chunks are still each their own segment."""
     split = TokenSplit.from_lengths(

@@ -15,6 +15,8 @@ from omegaconf import MISSING, OmegaConf
 
 from pretrain import config as schema
 from pretrain import errors
+from pretrain.attention_backends import BACKENDS
+from pretrain.config import GROUPS as TYPED
 from pretrain.config import Config, MixtureConfig, load_config, to_config
 from pretrain.data.policies import REGISTRY, PackingConfig
 
@@ -33,7 +35,8 @@ def schema_classes(cls=Config):
         if isinstance(hint, type) and is_dataclass(hint):
             found += schema_classes(hint)
     if cls is Config:
-        found += [policy.config_class for policy in REGISTRY.values()]
+        for typed in schema.GROUPS.values():
+            found += list(typed.registry.config_classes().values())
     return found
 
 
@@ -70,9 +73,10 @@ def test_group_files_never_repeat_a_schema_default():
         for path in sorted((REPO / "conf" / group).glob("*.yaml")):
             values = yaml.safe_load(path.read_text()) or {}
             schema = defaults[group]
-            if group == "data":  # typed by the policy's own options, named first in its defaults list
-                config_class = REGISTRY[values["policy"]].config_class
-                assert values.pop("defaults") == [f"{values['policy']}_schema", "_self_"], path
+            if group in TYPED:  # typed by the plug-in's own options, named first in its defaults list
+                name = values[TYPED[group].key]
+                assert values.pop("defaults") == [f"{name}_schema", "_self_"], path
+                config_class = TYPED[group].schema_of(name)
                 schema = OmegaConf.to_container(OmegaConf.structured(config_class), resolve=False)
             if group == "mixture":  # an optional group: null in the schema, typed by MixtureConfig
                 schema = OmegaConf.to_container(OmegaConf.structured(MixtureConfig), resolve=False)
@@ -162,12 +166,14 @@ def test_the_data_group_holds_only_the_chosen_policys_options():
     )
     assert f"'data.strategy': {padded}" in composition_error("data=padded", "data.strategy=bfd")
     assert f"'data.packing_buffer': {padded}" in composition_error("data=padded", "data.packing_buffer=8")
-    for option, config_class in [("padded", "PaddedConfig"), ("prepacked", "PrepackedConfig")]:
-        assert type(to_config(load_config([f"data={option}"])).data).__name__ == config_class
+    for option, policy in REGISTRY.items():
+        assert type(to_config(load_config([f"data={option}"])).data) is policy.config_class
     bestfit = to_config(load_config(["data=bestfit", "data.packing_buffer=8"])).data
     assert isinstance(bestfit, PackingConfig) and bestfit.packing_buffer == 8
-    prepacked = to_config(load_config(["data=prepacked", "data.packing_buffer=5"])).data
-    assert prepacked.packing_buffer == 5  # how its validation chunks are packed
+    # Validation packs have their own buffer, the same for every policy (bestfit's is its training one).
+    for option in ("prepacked", "firstfit"):
+        assert "data.packing_buffer" in composition_error(f"data={option}", "data.packing_buffer=5")
+    assert to_config(load_config(["train.eval_packing_buffer=5"])).train.eval_packing_buffer == 5
 
 
 def test_data_errors_are_one_line_naming_the_key(tmp_path):
@@ -175,7 +181,7 @@ def test_data_errors_are_one_line_naming_the_key(tmp_path):
         to_config(load_config(["train.packing_buffer=8"]))
     assert str(info.value) == (
         "train.packing_buffer moved to the data group: set data.packing_buffer=8 instead "
-        "(an option of data=prepacked, data=bestfit, data=firstfit)"
+        "(an option of data=bestfit)"
     )
     with pytest.raises(
         errors.ConfigError, match=r"^data\.policy=padded does not fit the options of data=bestfit"
@@ -215,8 +221,9 @@ def test_a_run_config_saved_before_the_data_group_split_is_upgraded():
 
 def test_a_choice_outside_its_values_lists_them():
     message = composition_error("data.policy=greedy")
-    assert "greedy" in message and "padded, prepacked, bestfit" in message
-    assert "sdpa" in composition_error("attn.backend=flash")
+    assert message == f"data.policy=greedy: no such policy; choose one of {', '.join(REGISTRY)}"
+    message = composition_error("attn.backend=flash")
+    assert message == f"attn.backend=flash: no such backend; choose one of {', '.join(BACKENDS)}"
 
 
 @pytest.mark.parametrize(
@@ -230,7 +237,7 @@ def test_a_choice_outside_its_values_lists_them():
     ],
 )
 def test_range_checks_run_when_the_typed_config_is_built(override, message):
-    cfg = load_config([override])
+    cfg = load_config(["attn=flex", override] if override.startswith("attn.") else [override])
     with pytest.raises(errors.ConfigError, match=message.replace(".", r"\.")):
         to_config(cfg)
 

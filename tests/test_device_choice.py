@@ -120,7 +120,7 @@ def test_wandb_tags_the_resolved_backend(tmp_path, monkeypatch, gpu):
 
 
 def test_run_settings_hold_the_concrete_trainer_and_say_the_choice(no_gpu, tmp_path):
-    from pretrain.training.run import RunSettings
+    from pretrain.training.startup import RunSettings
 
     run = RunSettings.from_config(load_config(["experiment=smoke", "trainer=auto", f"output_dir={tmp_path}"]))
     assert (run.config.trainer.accelerator, run.config.trainer.precision) == ("cpu", "32-true")

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import SHARED_CACHE, module_cache_root
+from helpers import POLICIES, SHARED_CACHE, module_cache_root
 
 from pretrain.config import load_config, to_config
-from pretrain.data.cache import CacheSpec
-from pretrain.data.policies import PolicySettings
-from pretrain.data.prepare import prepare_cache
+from pretrain.data.ingest.cache import CacheSpec
+from pretrain.data.ingest.prepare import prepare_cache
+from pretrain.data.policies import REGISTRY, PolicySettings
 from pretrain.data.samplers import build_sampler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def error_line(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit", "firstfit", "vsl"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_a_resume_on_fewer_or_more_ranks_continues_the_global_order(tmp_path, cache_root, policy):
     data = f"data={policy}"
     two = trained(
@@ -117,7 +117,9 @@ def test_a_resume_on_fewer_or_more_ranks_continues_the_global_order(tmp_path, ca
     one = trained(tmp_path / "one", 1, data, checkpoint, f"train.max_steps={SAVED_AT + 2}")
     assert served_chunks(one, 1, range(SAVED_AT, SAVED_AT + 2)) == flat(units[position : position + 4])
 
-    if policy == "vsl":  # updates of 3 x 2 units cannot regroup an epoch planned in updates of 2 x 2
+    if REGISTRY[
+        policy
+    ].whole_updates:  # updates of 3 x 2 units cannot regroup an epoch planned in updates of 2 x 2
         line = error_line(launch(tmp_path / "three", 3, data, checkpoint, f"train.max_steps={SAVED_AT + 2}"))
         assert "planned for updates of 4 units" in line and "does not divide it" in line
         return

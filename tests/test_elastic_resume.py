@@ -10,6 +10,7 @@ import copy
 import json
 
 import pytest
+from helpers import one_variant_per_policy, policies_where
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_samplers import CASES, case_cfg, random_split
@@ -106,7 +107,7 @@ def test_a_resume_on_other_sizes_continues_the_global_order(case, change, tmp_pa
     assert serve(resumed) == serve(fresh)
 
 
-@pytest.mark.parametrize("case", ["bestfit", "padded-max", "vsl"])
+@pytest.mark.parametrize("case", one_variant_per_policy())
 def test_an_unchanged_resume_is_the_uninterrupted_run(case, tmp_path):
     """Same sizes: the position is a whole number of rounds, the resumed ranks' batches (their
     indices included) are the uninterrupted ranks' from that round on."""
@@ -208,7 +209,9 @@ def test_a_resume_that_cannot_be_exact_is_refused_in_one_line(other, named, tmp_
 
 @settings(max_examples=25, deadline=None)
 @given(
-    case=st.sampled_from(["bestfit", "padded-longest", "firstfit", "concat-open"]),
+    case=st.sampled_from(
+        sorted(c for c, (p, *_) in CASES.items() if p in policies_where(whole_updates=False))
+    ),
     before=st.tuples(st.integers(1, 4), st.integers(1, 4)),
     after=st.tuples(st.integers(1, 4), st.integers(1, 4)),
     rounds=st.integers(0, 6),

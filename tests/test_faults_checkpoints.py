@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
+from helpers import POLICIES, SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import cli
-from pretrain.config import load_config
-from pretrain.errors import CheckpointError, ConfigError
-from pretrain.training.checkpoints import (
+from pretrain.checkpoint_files import (
     load_checkpoint,
     newest_valid_checkpoint,
     record_path,
     verify_checkpoint,
     write_record,
 )
+from pretrain.config import load_config
+from pretrain.errors import CheckpointError, ConfigError
 from pretrain.training.run import train
 from pretrain.training.rundir import LOCK_NAME, RunLock
 
@@ -127,7 +127,7 @@ def test_export_refuses_an_existing_output_before_loading(tmp_path, capsys):
     assert (taken / "keep.txt").read_text() == "mine"
 
 
-@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_a_checkpoint_of_every_policy_loads_weights_only_and_resumes_through_lightning(
     tmp_path, cache_root, policy
 ):
@@ -144,7 +144,7 @@ def test_a_checkpoint_of_every_policy_loads_weights_only_and_resumes_through_lig
 
 
 @pytest.mark.skipif(not OLD.is_dir(), reason="checkpoints written before weights_only loading")
-@pytest.mark.parametrize("name", ["bestfit", "prepacked_concat_nomask"])
+@pytest.mark.parametrize("name", sorted(p.name for p in OLD.iterdir()) if OLD.is_dir() else [])
 def test_checkpoints_written_before_this_change_still_load(name):
     run = OLD / name
     for path in sorted((run / "checkpoints").glob("*.ckpt")):

@@ -17,7 +17,8 @@ from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 from pretrain import cli
 from pretrain.config import load_config, to_config
 from pretrain.errors import ConfigError
-from pretrain.training.run import hydra_quote, train
+from pretrain.training.run import train
+from pretrain.training.summary import hydra_quote
 
 cache_root = module_cache_root(SHARED_CACHE)
 REPO = Path(__file__).resolve().parents[1]

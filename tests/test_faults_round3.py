@@ -17,9 +17,9 @@ import torch
 from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import cli, fileio
+from pretrain.checkpoint_files import newest_valid_checkpoint
 from pretrain.config import load_config, to_config
 from pretrain.errors import CheckpointError, ConfigError
-from pretrain.training.checkpoints import newest_valid_checkpoint
 from pretrain.training.run import train
 from pretrain.training.rundir import LOCK_NAME, RunLock
 
@@ -328,7 +328,7 @@ def test_a_checkpoint_with_a_tensor_of_another_shape_is_one_line_in_training_and
 ):
     import torch
 
-    from pretrain.training.checkpoints import save_verified
+    from pretrain.checkpoint_files import save_verified
 
     checkpoint = torch.load(saved_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     name = next(k for k in checkpoint["state_dict"] if k.endswith("ln_f.weight"))
@@ -389,7 +389,7 @@ def _mixed_sampler(small_tokens: int, batch_size: int, caplog):
 def test_a_component_too_small_for_one_batch_is_named_and_a_tiny_mixed_epoch_warns(caplog):
     from types import SimpleNamespace
 
-    from pretrain.training.run import EpochFits
+    from pretrain.training.fit import EpochFits
 
     sampler = _mixed_sampler(5, 4, caplog)
     warned = [r.getMessage() for r in caplog.records if r.name == "pretrain.data.mixture"]
@@ -412,7 +412,7 @@ def test_a_component_too_small_for_one_batch_is_named_and_a_tiny_mixed_epoch_war
 def test_a_short_run_scales_the_default_warmup_down_in_one_line_and_refuses_an_explicit_one(
     capsys, monkeypatch
 ):
-    from pretrain import config as schema
+    from pretrain.config import schema
 
     monkeypatch.setattr(schema, "_SAID", set())
     config = to_config(load_config(["train.max_steps=8"]))
@@ -441,7 +441,7 @@ def test_a_short_run_scales_the_default_warmup_down_in_one_line_and_refuses_an_e
         (
             ["data=bestfit", "+data.open_bins=1"],
             "data.open_bins: no such key; data=bestfit has: policy, "
-            "max_seq_len, long_docs, packing_buffer, document_mask",
+            "max_seq_len, long_docs, document_mask, positions, packing_buffer",
         ),
         (["+train.learning_rate=0.5"], "train.learning_rate: no such key; train has: batch_size, "),
         (["+foo=bar"], "foo: no such key; the config's root has: experiment_name, seed, "),
@@ -534,10 +534,10 @@ def test_the_resume_command_of_a_run_that_started_over_does_not_start_over_again
 
     from hydra.core.hydra_config import HydraConfig
 
-    from pretrain.training import run as run_module
+    from pretrain.training import summary as run_module
 
     task = ["train.max_steps=9", "start_over=true", f"hydra.run.dir={tmp_path}"]
-    monkeypatch.setattr(run_module, "_hydra_mode", lambda: "RUN")
+    monkeypatch.setattr(run_module, "hydra_mode", lambda: "RUN")
     monkeypatch.setattr(
         HydraConfig, "get", staticmethod(lambda: SimpleNamespace(overrides=SimpleNamespace(task=task)))
     )

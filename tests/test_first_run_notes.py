@@ -13,8 +13,8 @@ from pathlib import Path
 from helpers import local_overrides, write_jsonl
 
 from pretrain.config import load_config, to_config
-from pretrain.data.cache import CacheSpec
-from pretrain.data.prepare import prepare_cache
+from pretrain.data.ingest.cache import CacheSpec
+from pretrain.data.ingest.prepare import prepare_cache
 
 REPO = Path(__file__).resolve().parents[1]
 

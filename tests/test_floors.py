@@ -14,10 +14,10 @@ import pytest
 from filelock import FileLock, Timeout
 
 from pretrain.data import floors as floors_module
-from pretrain.data.cache import Cache
 from pretrain.data.floors import FLOORS, cache_floors, combined_floors, split_floors
+from pretrain.data.ingest.cache import Cache
+from pretrain.data.ingest.writer import SplitWriter
 from pretrain.data.tokens import TokenSplit
-from pretrain.data.writer import SplitWriter
 
 VOCAB = 7
 EOS = 6
@@ -272,9 +272,9 @@ def test_inspect_data_reports_the_caches_floors(parquet_file, cache_root, tmp_pa
 
     from pretrain.cli import main
     from pretrain.config import load_config, to_config
-    from pretrain.data.cache import CacheSpec, max_token_id
-    from pretrain.data.prepare import prepare_cache
-    from pretrain.data.tokenizer import token_byte_lengths
+    from pretrain.data.ingest.cache import CacheSpec, max_token_id
+    from pretrain.data.ingest.prepare import prepare_cache
+    from pretrain.data.ingest.tokenizer import token_byte_lengths
 
     overrides = ["source=local", files_override([parquet_file]), "split.validation_fraction=0.2"]
     output = tmp_path / "stats.json"
@@ -310,7 +310,7 @@ def test_recorded_floors_are_read_without_computing_and_only_for_the_same_files(
 
 def test_compare_reads_the_caches_floors_for_a_run_json_without_them(tmp_path):
     """A run from before floors (run.json without them): compare takes those stored beside its cache."""
-    from pretrain.report.compare import cache_floors_of
+    from pretrain.report.table import cache_floors_of
     from pretrain.training.run_record import load_run
 
     cache = hand_cache(tmp_path / "cache")

@@ -1,7 +1,9 @@
 """Golden batches: what every data policy served, and the losses it gave, before the policy plug-in
 refactor (recorded on main at 1728807). A refactor of the data path must serve bitwise the same
 batches (sha256 of each update's input ids and cu_seqlens, the chunks and real targets of each
-microbatch) and give the same losses; a sampler state saved then must still resume.
+microbatch) and give the same losses; a sampler state saved then must still resume. The recorded
+cases are the policies' `golden_variants`; a policy without one (recorded or not yet) is checked to
+serve the same batches and losses in two runs.
 
 Re-record (only for an intended change of behaviour, saying so in the commit):
     PRETRAIN_RECORD_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden_batches.py
@@ -16,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import SHARED_CACHE, module_cache_root
+from helpers import POLICY_VARIANTS, SHARED_CACHE, golden_variants, module_cache_root, policies_where
 
 from pretrain.config import load_config
 from pretrain.training.run import train
@@ -45,21 +47,8 @@ COMMON = [
     "logger=csv",
 ]
 
-CASES = {
-    "padded_max": ["data=padded"],
-    "padded_longest": ["data=padded", "data.pad_to=longest"],
-    # Windows of 256 so that the served ones cross document boundaries (the mask then matters).
-    "prepacked_concat": ["data=prepacked", "data.strategy=concat", "data.max_seq_len=256"],
-    "prepacked_bfd": ["data=prepacked", "data.strategy=bfd"],
-    "prepacked_concat_nomask": [
-        "data=prepacked",
-        "data.strategy=concat",
-        "data.document_mask=false",
-        "data.max_seq_len=256",
-    ],
-    "bestfit": ["data=bestfit"],
-    "bestfit_accumulation": ["data=bestfit", "train.accumulation=2", "train.batch_size=2"],
-}
+CASES = {case: [f"data={policy}", *overrides] for case, (policy, *overrides) in golden_variants().items()}
+UNRECORDED = policies_where(golden_variants={})  # the policies with no recorded case
 
 
 def _metrics(run_dir: Path) -> dict[str, dict[str, str]]:
@@ -86,7 +75,7 @@ def _sampler_state(checkpoint: Path) -> dict:
 
 def _run(tmp_path: Path, name: str, *extra: str) -> Path:
     out = tmp_path / name
-    train(load_config([*COMMON, *CASES[name], f"output_dir={out}", *extra]))
+    train(load_config([*COMMON, *CASES.get(name, ()), f"output_dir={out}", *extra]))
     return out
 
 
@@ -123,6 +112,16 @@ def test_policy_serves_the_recorded_batches_and_losses(tmp_path, cache_root, nam
     assert observed["chunks"] == want["chunks"]
     assert observed["num_targets"] == want["num_targets"]
     assert observed["metrics"] == want["metrics"]
+
+
+@pytest.mark.parametrize("policy", UNRECORDED)
+def test_a_policy_without_a_record_serves_the_same_batches_and_losses_twice(tmp_path, cache_root, policy):
+    """Its first test variant on the golden run (vsl's max_seq_len 64 is a power of two), twice."""
+    case = next(case for case, (chosen, *_) in POLICY_VARIANTS.items() if chosen == policy)
+    overrides = [f"data={policy}", *POLICY_VARIANTS[case][1:]]
+    first, second = (_observed(_run(tmp_path / str(i), policy, *overrides)) for i in range(2))
+    assert len(first["digests"]) == 4 and first["metrics"]["train/loss"]
+    assert first == second
 
 
 def test_golden_cases_tell_the_policies_apart():

@@ -167,7 +167,7 @@ def test_config_round_trips_through_a_checkpoint_dict():
 )
 def test_named_sizes(size, low, high):
     from pretrain.model import config_from_settings
-    from pretrain.training.run import with_tokenizer_vocab
+    from pretrain.training.startup import with_tokenizer_vocab
 
     config = config_from_settings(with_tokenizer_vocab(to_config(compose(f"model={size}"))).model)
     assert isinstance(config, LlamaConfig)

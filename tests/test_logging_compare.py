@@ -17,9 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pretrain.config import load_config
-from pretrain.report.compare import compare, find_runs, load_run
+from pretrain.report.compare import compare, find_runs
 from pretrain.training.metrics_file import MetricsFile, join_steps, numeric_rows, read_table
 from pretrain.training.run import train
+from pretrain.training.run_record import load_run
 
 REPO = Path(__file__).resolve().parents[1]
 METRICS = {

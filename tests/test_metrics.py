@@ -10,7 +10,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from helpers import TINY_RUN, module_cache_root, settings_of, split_of
+from helpers import POLICIES, TINY_RUN, module_cache_root, settings_of, split_of
 
 from pretrain.config import load_config
 from pretrain.data import gather_packed
@@ -58,7 +58,7 @@ def test_position_buckets_edges():
     assert POSITION_BUCKETS == ("0-63", "64-255", "256-1023", "1024-4095", "4096+")
 
 
-@pytest.mark.parametrize("policy", ["padded", "bestfit"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_positions_are_each_target_rows_place_in_its_document(policy):
     """The validation chunks know their document start: each counted row's in-document position,
     in row order, whatever order the policy lays the chunks in."""
@@ -152,7 +152,7 @@ def _metrics(run_dir: Path) -> list[dict[str, float]]:
         return [{k: float(v) for k, v in row.items() if v} for row in csv.DictReader(handle)]
 
 
-@pytest.mark.parametrize("policy", ["padded", "bestfit"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_max_tokens_stops_at_the_update_that_reaches_it(tmp_path, cache_root, policy):
     budget = 300
     costs = UpdateCosts()

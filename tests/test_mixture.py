@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from helpers import compose, policy_cfg
+from helpers import compose, policies_where, policy_cfg
 
 from pretrain.config import to_config
 from pretrain.data.evaluation import (
@@ -128,7 +128,7 @@ def test_the_mixed_split_reads_each_components_tokens_without_a_copy():
 # --- the sampler ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("policy", ["bestfit", "firstfit", "padded", "vsl"])
+@pytest.mark.parametrize("policy", policies_where(mixes=True))
 def test_batches_count_each_components_tokens_and_an_epoch_serves_its_plan(policy):
     extra = ("train.microbatch_tokens=64", "train.batch_size=null") if policy == "vsl" else ()
     settings = policy_cfg(policy, f"data.max_seq_len={MAX_SEQ_LEN}", "train.batch_size=2", *extra)
@@ -231,7 +231,7 @@ def test_weights_that_do_not_sum_to_one_are_normalised_with_one_line(tmp_path, c
     assert lines == ["mixture weights sum to 4, not 1: normalised to docs=0.75, web=0.25"]
     # Each component is its own cache: the pydocs one is the single-source run's cache.
     plain = to_config(compose())
-    from pretrain.data.cache import CacheSpec
+    from pretrain.data.ingest.cache import CacheSpec
 
     assert spec.components[0].cache.key == CacheSpec.from_config(plain).key
     assert spec.components[1].cache.key != spec.components[0].cache.key
@@ -255,17 +255,16 @@ def test_a_bad_component_fails_in_one_line_naming_it(tmp_path, component, messag
 
 
 def test_an_unknown_or_missing_source_names_the_component(tmp_path):
-    from omegaconf.errors import ConfigKeyError
-
     from pretrain.errors import describe
 
-    with pytest.raises(ConfigKeyError) as unknown:
+    with pytest.raises(ConfigError) as unknown:
         _mixture_config(tmp_path, {"web": {"weight": 1, "source": {"kind": "local", "filez": ["a.jsonl"]}}})
     line = describe(unknown.value)  # what the command line prints after `error: `
-    assert (
-        "Key 'filez' not in 'SourceConfig'" in line
-        and "full_key: mixture.components.web.source.filez" in line
-    )
+    assert line == "mixture.components.web.source.filez: no such key; source=local has: kind, files"
+    with pytest.raises(
+        ConfigError, match=r"components\.web\.source\.files: no such key; source=pydocs has: kind$"
+    ):
+        _mixture_config(tmp_path, {"web": {"weight": 1, "source": {"kind": "pydocs", "files": ["a.jsonl"]}}})
     config = _mixture_config(
         tmp_path, {"web": {"weight": 1, "source": {"kind": "local", "files": [str(tmp_path / "none.jsonl")]}}}
     )
@@ -355,8 +354,8 @@ def test_inspect_data_reports_each_component(tmp_path):
 def test_training_logs_tokens_and_validation_loss_per_component(tmp_path):
     from pretrain.checkpoint_files import load_trainer_checkpoint
     from pretrain.config import load_config
+    from pretrain.data.ingest.prepare import prepare_cache
     from pretrain.data.policies import PolicySettings
-    from pretrain.data.prepare import prepare_cache
     from pretrain.model import GPT, GPTConfig
     from pretrain.training.run import train
     from pretrain.training.scoring import score_batches

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import BACKEND_CHOICES, cpu_backends
 
 from pretrain.config import load_config, to_config
 from pretrain.data import IGNORE_INDEX, TokenSplit, collate_packed, gather_packed, gather_padded, split_tokens
@@ -82,7 +83,7 @@ def test_flex_forward_equals_each_chunk_alone_and_sdpa():
     torch.testing.assert_close(got, reference, atol=TIGHT, rtol=0)
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "flex"])
+@pytest.mark.parametrize("attn", cpu_backends(training=False))
 def test_changing_one_document_leaves_the_others_unchanged(attn):
     model = small_model(attn)
     docs = documents([30, 40, 25, 9])
@@ -129,7 +130,7 @@ def padded_and_packed(doc_lengths, width, seed=0):
     return padded, packs, inputs
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "flex"])
+@pytest.mark.parametrize("attn", cpu_backends(training=False))
 def test_padded_and_packed_batches_give_the_same_token_losses(attn):
     model = small_model(attn)
     padded, packs, inputs = padded_and_packed([12, 40, 7, 49, 30, 2, 19, 25], width=MAX_LEN)
@@ -336,7 +337,7 @@ def gpt2_parameters(vocab, positions, layers, width):
 def test_model_configs_build_the_named_sizes(name, published):
     gpt_config, attn = composed_model(name, 1024, attn="flex")
     with torch.device("meta"):  # no memory or init time for the big ones
-        model = GPT(gpt_config, attn=attn.backend, attn_compile=attn.compile)
+        model = GPT(gpt_config, attn=attn.backend, attn_compile=attn.compile_mode)
     config = model.config
     assert config.max_seq_len == 1024 and config.vocab_size == 50257
     assert (config.n_layer, config.n_head, config.d_model) == SIZES[name]
@@ -350,7 +351,7 @@ def test_model_configs_build_the_named_sizes(name, published):
 
 
 def test_attn_configs_and_the_model_follow_data_max_seq_len():
-    for name in ("auto", "sdpa", "flex", "varlen"):
+    for name in BACKEND_CHOICES:
         assert to_config(load_config([f"attn={name}"])).attn.backend == name
     gpt_config, attn = composed_model("tiny", 64)
     model = GPT(gpt_config, attn=attn.backend)

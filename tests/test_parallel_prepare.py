@@ -30,11 +30,12 @@ from helpers import (
     write_parquet,
 )
 
-from pretrain.data import prepare_settings as settings_module
-from pretrain.data.build.staging import part_file, prepare_task, staging_dir
-from pretrain.data.cache import CacheError, verify_cache
-from pretrain.data.prepare import prepare_cache
-from pretrain.data.prepare_settings import PrepareSettings, resolve_num_proc
+from pretrain.data.ingest import prepare_settings as settings_module
+from pretrain.data.ingest.cache import CacheError
+from pretrain.data.ingest.prepare import prepare_cache
+from pretrain.data.ingest.prepare_settings import PrepareSettings, resolve_num_proc
+from pretrain.data.ingest.staging import part_file, prepare_task, staging_dir
+from pretrain.data.ingest.verify import verify_cache
 from pretrain.data.sources import LocalSource, PartSizes, documents, fineweb, source_from_config
 from pretrain.errors import ConfigError, SourceError
 

@@ -15,7 +15,8 @@ import pytest
 from helpers import compose, expected_split, prepare
 
 from pretrain.data.sources import documents, source_from_config
-from pretrain.data.sources.pkgdocs import PkgdocsSource, c_prose, doc_prose, list_environment, module_prose
+from pretrain.data.sources.pkgdocs import PkgdocsSource, list_environment
+from pretrain.data.sources.prose import c_prose, doc_prose, module_prose
 
 ALPHA_MODULE = b'''"""Alpha reads the weather from the sky and writes it down in plain words."""
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from synthetic import fineweb_like_lengths
 
 from pretrain.data import packing
 from pretrain.data.packing import (
@@ -17,7 +18,6 @@ from pretrain.data.packing import (
     best_fit_decreasing,
     first_fit_online,
 )
-from pretrain.data.synthetic import fineweb_like_lengths
 
 pytest.importorskip("numba")
 
@@ -245,7 +245,7 @@ def test_small_inputs_plan_without_the_kernels_and_a_run_does_not_import_numba(m
         "import numpy as np\n"
         "from pretrain.data.chunking import chunk_table\n"
         "from pretrain.data.packing import best_fit_buffered, best_fit_decreasing, first_fit_online\n"
-        "from pretrain.data.synthetic import fineweb_like_lengths\n"
+        "from synthetic import fineweb_like_lengths\n"
         "lengths = fineweb_like_lengths(600)\n"
         "table = chunk_table(np.zeros(len(lengths), dtype=np.int64), lengths, 128)\n"
         "best_fit_buffered(table.length, 128, 64); best_fit_decreasing(table.length, 128)\n"
@@ -253,6 +253,6 @@ def test_small_inputs_plan_without_the_kernels_and_a_run_does_not_import_numba(m
         "print(json.dumps([m in sys.modules for m in ('numba', 'scipy')]))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PRETRAIN_NUMBA_MIN_ITEMS"}
-    env["PYTHONPATH"] = str(REPO / "src")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(REPO / "bench")])
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, False]

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import policy_cfg
+from helpers import POLICY_VARIANTS, policy_cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +22,7 @@ from pretrain.data.packing import (
     concat_windows,
     first_fit_online,
 )
-from pretrain.data.policies import load_or_build_packs, packs_path
+from pretrain.data.policies import REGISTRY, load_or_build_packs, packs_path
 from pretrain.data.policies import packs as stored_packs
 from pretrain.data.samplers import build_sampler
 from pretrain.data.tokens import EOS_TOKEN_ID, TokenSplit
@@ -97,7 +97,7 @@ def test_seed_pack_example_batch():
     # Documents of 7, 5, 4, 3 tokens (EOS included) are chunks of 6, 4, 3, 2 inputs at capacity 8.
     split = TokenSplit.from_lengths([7, 5, 4, 3], seed=3)
     cfg = make_cfg(
-        "bestfit", "data.max_seq_len=8", "data.packing_buffer=4", "train.eval_microbatch_tokens=16"
+        "bestfit", "data.max_seq_len=8", "train.eval_packing_buffer=4", "train.eval_microbatch_tokens=16"
     )
     (batch,) = list(evaluation_batches(cfg, split))  # chunks best fit in index order
     assert batch.cu_seqlens.tolist() == [0, 6, 8, 12, 15]
@@ -204,24 +204,23 @@ def test_concat_windows_tile_the_stream(lengths, capacity):
 
 # --- every policy's batches ---------------------------------------------------------------------
 
+# Every variant of the policies whose items are the chunk table's chunks (vsl's pieces: test_vsl.py).
 POLICY_CASES = {
-    "padded-max": ("padded", "data.pad_to=max"),
-    "padded-longest": ("padded", "data.pad_to=longest"),
-    "concat-masked": ("prepacked", "data.strategy=concat", "data.document_mask=true"),
-    "concat-open": ("prepacked", "data.strategy=concat", "data.document_mask=false"),
-    "bfd": ("prepacked", "data.strategy=bfd"),
-    "bestfit": ("bestfit", "data.packing_buffer=8"),
-    "firstfit": ("firstfit", "data.open_bins=3"),
-    # The composition axes: data.long_docs for every policy, data.document_mask for every packing one.
-    "padded-chunk": ("padded", "data.long_docs=chunk"),
-    "concat-truncate": ("prepacked", "data.strategy=concat", "data.long_docs=truncate"),
-    "bfd-truncate": ("prepacked", "data.strategy=bfd", "data.long_docs=truncate"),
-    "bestfit-truncate": ("bestfit", "data.packing_buffer=8", "data.long_docs=truncate"),
-    "firstfit-truncate": ("firstfit", "data.open_bins=3", "data.long_docs=truncate"),
-    "bfd-open": ("prepacked", "data.strategy=bfd", "data.document_mask=false"),
-    "bestfit-open": ("bestfit", "data.packing_buffer=8", "data.document_mask=false"),
-    "firstfit-open": ("firstfit", "data.open_bins=3", "data.document_mask=false"),
+    case: variant for case, variant in POLICY_VARIANTS.items() if REGISTRY[variant[0]].items == "chunks"
 }
+
+
+def traits(cfg) -> dict[str, bool]:
+    """What the reference below needs of a case, read from its options (never from the code under test)."""
+    data = cfg.data
+    concat = getattr(data, "strategy", None) == "concat"
+    return {
+        "pads": hasattr(data, "pad_to"),  # a row per chunk, padded
+        "longest": getattr(data, "pad_to", None) == "longest",
+        "truncate": str(data.long_docs) == "truncate",
+        "concat": concat,  # windows over the token stream, cut at documents
+        "open": getattr(data, "document_mask", True) is False,  # one segment per pack
+    }
 
 
 def random_split(seed: int, documents: int = 60, high: int = 90) -> TokenSplit:
@@ -256,24 +255,24 @@ def first_chunks(split: TokenSplit, capacity: int) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(chunks_per_doc)[:-1]])
 
 
-def universe(case: str, split: TokenSplit, capacity: int) -> np.ndarray:
+def universe(case: dict, split: TokenSplit, capacity: int) -> np.ndarray:
     """Every item a policy must serve once per epoch, computed without the code under test."""
     pairs = split.lengths - 1
     chunks_per_doc = -(-pairs // capacity)
-    if case.startswith("concat"):  # pieces of windows x documents
-        return np.arange(len(piece_bounds(split, capacity, case.endswith("truncate"))) - 1)
-    if case in ("padded-max", "padded-longest") or case.endswith("truncate"):  # first chunks
+    if case["concat"]:  # pieces of windows x documents
+        return np.arange(len(piece_bounds(split, capacity, case["truncate"])) - 1)
+    if case["truncate"]:  # first chunks
         return first_chunks(split, capacity)
     return np.arange(int(chunks_per_doc.sum()))
 
 
-def expected_runs(batch, split: TokenSplit, capacity: int, case: str) -> list[tuple[int, int]]:
-    """(file offset, inputs) of each item of the batch, from its item ids (concat-open: each window)."""
-    if case == "concat-open":  # one segment per window
+def expected_runs(batch, split: TokenSplit, capacity: int, case: dict) -> list[tuple[int, int]]:
+    """(file offset, inputs) of each item of the batch, from its item ids (concat, open: each window)."""
+    if case["concat"] and case["open"]:  # one segment per window
         inputs = split.num_tokens - 1
         return [(w * capacity, min(capacity, inputs - w * capacity)) for w in np.asarray(batch.meta["packs"])]
-    if case.startswith("concat"):
-        truncate = case.endswith("truncate")
+    if case["concat"]:
+        truncate = case["truncate"]
         bounds, position = (
             piece_bounds(split, capacity, truncate),
             stream_positions(split, capacity, truncate),
@@ -286,7 +285,7 @@ def expected_runs(batch, split: TokenSplit, capacity: int, case: str) -> list[tu
     return [(int(table.start[i]), int(table.length[i])) for i in np.asarray(batch.meta["chunks"])]
 
 
-def check_batch(batch, split: TokenSplit, capacity: int, case: str) -> None:
+def check_batch(batch, split: TokenSplit, capacity: int, case: dict) -> None:
     """Structure and content of one batch against the split's tokens."""
     stream = np.asarray(split.tokens, dtype=np.int64)
     T = batch.num_tokens
@@ -301,11 +300,11 @@ def check_batch(batch, split: TokenSplit, capacity: int, case: str) -> None:
     assert batch.num_targets == int((targets != IGNORE_INDEX).sum())
     packs = batch.pack_lengths.numpy()
     assert (packs >= 1).all() and (packs <= capacity).all()
-    if case != "padded-longest":
+    if not case["longest"]:
         assert batch.capacity == capacity
     runs = expected_runs(batch, split, capacity, case)
-    if case.startswith("padded"):
-        width = packs.max() if case == "padded-longest" else capacity
+    if case["pads"]:
+        width = packs.max() if case["longest"] else capacity
         assert batch.capacity == width  # a padded row holds its width
         assert batch.padded and T == len(packs) * width and (seg == width).all()
         assert packs.tolist() == [n for _, n in runs]
@@ -317,7 +316,7 @@ def check_batch(batch, split: TokenSplit, capacity: int, case: str) -> None:
         return
     assert not batch.padded and packs.sum() == T
     assert set(np.cumsum(packs).tolist()) <= set(cu.tolist())  # packs end at segment boundaries
-    if case.endswith("-open"):  # data.document_mask=false: one segment per pack
+    if case["open"]:  # data.document_mask=false: one segment per pack
         assert seg.tolist() == packs.tolist()
     else:
         assert seg.tolist() == [n for _, n in runs]
@@ -325,9 +324,9 @@ def check_batch(batch, split: TokenSplit, capacity: int, case: str) -> None:
     for (s, n), begin in zip(runs, begins, strict=True):
         np.testing.assert_array_equal(inputs[begin : begin + n], stream[s : s + n])
         expected = stream[s + 1 : s + n + 1].copy()
-        if case != "concat-open":
+        if not (case["concat"] and case["open"]):
             assert not (stream[s : s + n - 1] == EOS_TOKEN_ID).any()  # no document boundary inside
-        if case in ("concat-masked", "concat-truncate"):  # the pair EOS -> next document is no real pair
+        if case["concat"] and not case["open"]:  # the pair EOS -> next document is no real pair
             expected[stream[s : s + n] == EOS_TOKEN_ID] = IGNORE_INDEX
         np.testing.assert_array_equal(targets[begin : begin + n], expected)
 
@@ -343,6 +342,7 @@ def test_every_item_once_per_epoch(case, capacity, world_size, tmp_path):
         build_sampler(cfg, split, rank=r, world_size=world_size, packs_dir=tmp_path)
         for r in range(world_size)
     ]
+    case = traits(cfg)
     counts = {len(s) for s in samplers}
     assert len(counts) == 1  # every rank the same number of batches
     served = []
@@ -373,16 +373,17 @@ def test_tokens_are_conserved(case, tmp_path):
     real = sum(b.real_tokens for b in batches)
     targets = sum(b.num_targets for b in batches)
     pairs = split.lengths - 1
-    if case in ("padded-max", "padded-longest") or case.endswith("truncate"):
+    case = traits(cfg)
+    if case["truncate"]:
         kept = np.minimum(pairs, capacity).sum()  # each document's first chunk
         assert targets == kept
-        if case == "concat-truncate":  # and the EOS inputs of the documents it keeps whole
+        if case["concat"]:  # and the EOS inputs of the documents it keeps whole
             assert real == kept + (pairs[:-1] <= capacity).sum()
         else:
             assert real == kept
-    elif case.startswith("concat"):
+    elif case["concat"]:
         assert real == split.num_tokens - 1  # the stream's pairs
-        assert targets == (split.num_pairs if case == "concat-masked" else split.num_tokens - 1)
+        assert targets == (split.num_tokens - 1 if case["open"] else split.num_pairs)
     else:
         assert real == targets == split.num_pairs
 
@@ -484,7 +485,7 @@ def test_documents_need_not_be_contiguous(case, tmp_path):
     inputs = np.concatenate([b.input_ids.numpy() for b in batches])
     targets = np.concatenate([b.targets.numpy() for b in batches])
     assert junk not in inputs and junk not in targets
-    if case == "concat-open":
+    if traits(cfg)["concat"] and traits(cfg)["open"]:
         stream = [t for d in docs for t in d]
         pairs = sorted(zip(stream[:-1], stream[1:], strict=True))
         assert sorted(zip(inputs.tolist(), targets.tolist(), strict=True)) == pairs

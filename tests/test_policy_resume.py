@@ -1,7 +1,8 @@
 """Sampler states written before the policy plug-ins still resume: each golden case's
 `sampler_state_step2` (tests/golden/batches.json, recorded on 1728807; bestfit's settings name
-`train.packing_buffer`, since moved to `data.packing_buffer`) is loaded into today's sampler, built
-as that case's run builds it, and the next batch served holds the chunks the old code served at step 3."""
+`train.packing_buffer`, read as `data.packing_buffer` by config.migrate) is loaded into today's
+sampler, built as that case's run builds it, and the next batch served holds the chunks the old code
+served at step 3."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import pytest
 from helpers import SHARED_CACHE, module_cache_root
 from test_golden_batches import CASES, COMMON, GOLDEN
 
-from pretrain.config import load_config, to_config
-from pretrain.data.cache import CacheSpec
+from pretrain.config import load_config, to_config, upgrade_sampler_state
+from pretrain.data.ingest.cache import CacheSpec
+from pretrain.data.ingest.prepare import prepare_cache
 from pretrain.data.policies import PolicySettings
-from pretrain.data.prepare import prepare_cache
 from pretrain.data.samplers import STATE_VERSION, build_sampler
 
 cache_root = module_cache_root(SHARED_CACHE)
@@ -35,11 +36,11 @@ def test_a_state_saved_before_the_plugins_resumes_at_the_next_batch(tmp_path, ca
     old_state = golden["sampler_state_step2"]
     assert old_state["version"] == 2 < STATE_VERSION  # a rank cursor: read as cursor x world x batch_size
     sampler, settings = _sampler(name, tmp_path)
-    sampler.load_state_dict(copy.deepcopy(old_state))
+    sampler.load_state_dict(upgrade_sampler_state(copy.deepcopy(old_state)))
     batches = iter(sampler)
     served = [np.asarray(next(batches).meta["chunks"]).tolist() for _ in range(settings.accumulation)]
     assert served == golden["chunks"][2]  # step 3's microbatches, chunk for chunk
-    saved_keys = {sampler.policy.renamed_settings.get(k, k) for k in old_state["settings"]}
+    saved_keys = set(upgrade_sampler_state(old_state)["settings"])
     # The same settings, today's names, less the sizes a global position no longer depends on.
     assert set(sampler.state_dict()["settings"]) == saved_keys - {"train.batch_size"}
     step = settings.batch_size * settings.accumulation  # units of one update on one rank
@@ -52,4 +53,4 @@ def test_an_old_state_with_another_buffer_is_refused_naming_the_new_key(tmp_path
     state["settings"]["train.packing_buffer"] = 32
     sampler, _ = _sampler("bestfit", tmp_path)
     with pytest.raises(ValueError, match=r"data\.packing_buffer: 32 -> 64"):
-        sampler.load_state_dict(state)
+        sampler.load_state_dict(upgrade_sampler_state(state))  # as the run reads a checkpoint's

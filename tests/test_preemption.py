@@ -19,8 +19,8 @@ import pytest
 import torch
 from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
+from pretrain.checkpoint_files import verify_checkpoint
 from pretrain.config import load_config
-from pretrain.training.checkpoints import verify_checkpoint
 from pretrain.training.run import train
 from pretrain.training.rundir import claim_directory, run_dir, slurm_job_id
 
@@ -310,7 +310,7 @@ def test_under_slurm_lightning_neither_requeues_nor_handles_the_signals(tmp_path
 
     from pretrain.config import to_config
     from pretrain.training.checkpoint_io import VerifiedCheckpointIO
-    from pretrain.training.run import build_trainer
+    from pretrain.training.fit import build_trainer
 
     slurm = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "pretrain", "SLURM_JOB_ID": "77", "SLURM_PROCID": "0"}
     slurm |= {"SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "node1"}

@@ -23,7 +23,8 @@ from helpers import (
     write_parquet,
 )
 
-from pretrain.data.cache import CacheError, verify_cache
+from pretrain.data.ingest.cache import CacheError
+from pretrain.data.ingest.verify import verify_cache
 
 
 def last_line(stdout: str) -> str:

@@ -33,13 +33,13 @@ from helpers import (
 )
 
 from pretrain.cli import main
-from pretrain.data.build import collect
-from pretrain.data.build.staging import checksum_file, part_file, staging_dir
-from pretrain.data.cache import verify_cache
-from pretrain.data.prepare import prepare_cache
-from pretrain.data.prepare_settings import PrepareSettings, usable_cores
+from pretrain.data.ingest import collect
+from pretrain.data.ingest.prepare import prepare_cache
+from pretrain.data.ingest.prepare_settings import PrepareSettings, usable_cores
+from pretrain.data.ingest.staging import checksum_file, part_file, staging_dir
+from pretrain.data.ingest.verify import verify_cache
+from pretrain.data.ingest.writer import SplitWriter
 from pretrain.data.sources import PartSizes
-from pretrain.data.writer import SplitWriter
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:

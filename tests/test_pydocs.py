@@ -14,7 +14,7 @@ import pytest
 from helpers import EOS, cache_spec, compose, expected_split, prepare, reference_encode
 
 from pretrain.data import sources
-from pretrain.data.cache import identity_key
+from pretrain.data.ingest.cache import identity_key
 
 # A child process (another hash seed) reads the corpus on its own; pretrain.data imports lazily,
 # so this pulls in the source module only (no torch).

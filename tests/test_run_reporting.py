@@ -12,9 +12,9 @@ import torch
 from helpers import SHARED_CACHE, module_cache_root, split_of
 
 from pretrain.config import load_config, to_config
-from pretrain.data.cache import CacheSpec
 from pretrain.data.chunking import chunk_table
 from pretrain.data.evaluation import evaluation_batches, evaluation_chunks
+from pretrain.data.ingest.cache import CacheSpec
 from pretrain.data.policies import PolicySettings
 from pretrain.data.tokens import TokenSplit
 from pretrain.model import GPT, GPTConfig

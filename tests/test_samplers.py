@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import policy_cfg, settings_of
+from helpers import POLICIES, POLICY_VARIANTS, one_variant_per_policy, policy_cfg, settings_of
 
 from pretrain.data.evaluation import (
     evaluation_batch_count,
@@ -23,31 +23,7 @@ from pretrain.data.tokens import TokenSplit
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CASES = {
-    "padded-max": ("padded", "data.pad_to=max"),
-    "padded-longest": ("padded", "data.pad_to=longest"),
-    "concat-masked": ("prepacked", "data.strategy=concat", "data.document_mask=true"),
-    "concat-open": ("prepacked", "data.strategy=concat", "data.document_mask=false"),
-    "bfd": ("prepacked", "data.strategy=bfd"),
-    "bestfit": ("bestfit", "data.packing_buffer=6"),
-    "firstfit": ("firstfit", "data.open_bins=2"),
-    # The composition axes (data.long_docs, data.document_mask) on the policies they change.
-    "padded-chunk": ("padded", "data.long_docs=chunk"),
-    "concat-truncate": ("prepacked", "data.strategy=concat", "data.long_docs=truncate"),
-    "bestfit-truncate": ("bestfit", "data.packing_buffer=6", "data.long_docs=truncate"),
-    "firstfit-truncate": ("firstfit", "data.long_docs=truncate"),
-    "bfd-open": ("prepacked", "data.strategy=bfd", "data.document_mask=false"),
-    "firstfit-open": ("firstfit", "data.open_bins=2", "data.document_mask=false"),
-    # Whole updates of one length bucket each, in curriculum order.
-    "vsl": ("vsl",),
-    "vsl-grow_p2-truncate": (
-        "vsl",
-        "data.curriculum=grow_p2",
-        "data.curriculum_cycles=2",
-        "data.long_docs=truncate",
-    ),
-    "vsl-uniform-accumulation": ("vsl", "data.curriculum=uniform", "train.accumulation=2"),
-}
+CASES = POLICY_VARIANTS  # every policy's test variants (the composition axes on the policies they change)
 
 
 make_cfg = policy_cfg
@@ -279,7 +255,7 @@ def test_batch_size_errors():
 
 def test_config_errors():
     split = random_split(15)
-    with pytest.raises(ValueError, match="padded, prepacked, bestfit"):
+    with pytest.raises(ValueError, match=", ".join(POLICIES)):
         build_sampler(make_cfg("bestfit", "data.policy=greedy"), split)
     for bad in (1, 4097):
         with pytest.raises(ValueError, match=r"data\.max_seq_len must be an integer in 2\.\.4096"):
@@ -317,22 +293,20 @@ def test_mismatched_state_is_refused(tmp_path):
         build_sampler(case_cfg("bestfit"), random_split(18)).load_state_dict(state)
 
 
-@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit", "firstfit", "vsl"])
-def test_data_configs(policy):
+def test_data_configs():
     from pretrain.config import load_config
 
-    data = load_config([f"data={policy}"]).data
-    assert data.policy == policy
-    assert data.max_seq_len == 512
-    if policy == "padded":
-        assert data.pad_to == "max"
-    if policy == "prepacked":
-        assert data.strategy == "concat" and data.document_mask is True
-    if policy == "vsl":
-        assert data.curriculum == "natural" and data.curriculum_cycles == 8
+    for policy in POLICIES:
+        data = load_config([f"data={policy}"]).data
+        assert data.policy == policy and data.max_seq_len == 512
+    assert load_config(["data=padded"]).data.pad_to == "max"
+    prepacked = load_config(["data=prepacked"]).data
+    assert prepacked.strategy == "concat" and prepacked.document_mask is True
+    vsl = load_config(["data=vsl"]).data
+    assert vsl.curriculum == "natural" and vsl.curriculum_cycles == 8
 
 
-@pytest.mark.parametrize("policy", ["padded", "prepacked", "bestfit", "firstfit", "vsl"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_composed_config_builds_samplers(policy, tmp_path):
     from pretrain.config import load_config
 
@@ -352,14 +326,14 @@ def test_empty_validation_split_gives_no_batches(case, tmp_path):
         build_sampler(case_cfg(case), TokenSplit.from_lengths([]), packs_dir=tmp_path)
 
 
-@pytest.mark.parametrize("case", ["bestfit", "bfd", "padded-max"])
+@pytest.mark.parametrize("case", one_variant_per_policy())
 def test_epoch_plans_are_flat_arrays_of_a_few_bytes_per_chunk(case, tmp_path):
     """No Python object per document or chunk: a plan is index arrays into the sampler's chunk
     table, and planning an epoch allocates a few numpy bytes per chunk (tracemalloc sees every numpy
     array; a list or tuple per chunk would cost >= 36 bytes each)."""
     import tracemalloc
 
-    from pretrain.data.synthetic import fineweb_like_lengths
+    from synthetic import fineweb_like_lengths
 
     lengths = fineweb_like_lengths(150_000, seed=3)
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
@@ -377,8 +351,14 @@ def test_epoch_plans_are_flat_arrays_of_a_few_bytes_per_chunk(case, tmp_path):
     arrays = [plan.layout.ptr] + ([] if plan.layout.rows is None else [plan.layout.rows])
     arrays += [] if plan.order is None else [plan.order]
     assert all(isinstance(a, np.ndarray) and a.dtype.kind == "i" for a in arrays)
-    assert plan.nbytes / chunks <= 16  # int32 chunk ids, int64 pack pointers, int32 unit order
-    assert peak / chunks <= 24
+    # Per item of the epoch: a layout whose items are pieces it cut (concat windows, vsl's pieces) holds
+    # their table, three int64 per piece; the rest is at most an int64 id, an int64 unit pointer and an
+    # int32 order entry per item (a padded row holds one item).
+    items, table = plan.layout.num_items, plan.layout.table
+    pieces = 0 if table is sampler.table else table.doc.nbytes + table.start.nbytes + table.length.nbytes
+    assert pieces / items <= 24
+    assert (plan.nbytes - (pieces if plan.layout.rows is None else 0)) / items <= 20
+    assert peak / items <= 24
 
 
 @pytest.mark.parametrize("seed", [0, 7])

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from pretrain.config import DEFAULT_SPLIT_SEED, DEFAULT_VALIDATION_FRACTION
 from pretrain.data import document_id, document_split
-from pretrain.data import split as split_module
+from pretrain.data.ingest import split as split_module
 
 SEED = 20261003
 FRACTION = 0.05

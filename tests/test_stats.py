@@ -11,8 +11,9 @@ from helpers import DESIGN_KEYS as INSPECT_DATA_KEYS
 from helpers import policy_cfg, split_of
 from rich.console import Console
 
-from pretrain.data.stats import inspect_split, render_table, stats_warnings, verbatim_leaks
+from pretrain.data.stats import inspect_split, verbatim_leaks
 from pretrain.data.tokens import TokenSplit
+from pretrain.report.inspect_table import render_table, stats_warnings
 
 ROOT = Path(__file__).resolve().parents[1]
 

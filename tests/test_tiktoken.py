@@ -13,7 +13,7 @@ from helpers import cache_spec, reference_encode
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pretrain.data.tokenizer import (
+from pretrain.data.ingest.tokenizer import (
     EOS_TEXT,
     EOS_TOKEN_ID,
     TiktokenEncoder,
@@ -161,7 +161,7 @@ def test_unknown_encoder_is_refused():
 
 
 def test_the_encoder_choice_is_not_in_the_cache(make_cfg):
-    from pretrain.data.prepare import prepare_cache
+    from pretrain.data.ingest.prepare import prepare_cache
 
     def build(encoder: str, root):
         spec = cache_spec(make_cfg(**{"prepare.encoder": encoder, "prepare.num_proc": 1}))
@@ -189,7 +189,7 @@ def test_a_disagreement_fails_the_build(make_cfg, monkeypatch, cache_root):
 
     monkeypatch.setattr(TiktokenEncoder, "encode", off_by_one)
     spec = cache_spec(make_cfg(**{"prepare.num_proc": 1}))
-    from pretrain.data.prepare import prepare_cache
+    from pretrain.data.ingest.prepare import prepare_cache
 
     with pytest.raises(TokenizerError, match="tiktoken and tokenizers disagree on document [0-9a-f]{64}"):
         prepare_cache(spec, progress=False)
@@ -201,7 +201,7 @@ def test_the_ranks_are_tiktokens_own_conversion_of_the_files(monkeypatch):
     download cache switched off, since it keys local paths by name)."""
     import tiktoken.load
 
-    from pretrain.data.tokenizer import _gpt2_mergeable_ranks
+    from pretrain.data.ingest.tokenizer import _gpt2_mergeable_ranks
 
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
     files = bundled_files()

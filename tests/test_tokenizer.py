@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pretrain.config import TokenizerConfig
-from pretrain.data.tokenizer import (
+from pretrain.data.ingest.tokenizer import (
     EOS_TEXT,
     EOS_TOKEN_ID,
     TokenizerError,
@@ -189,7 +189,7 @@ def test_hub_source_offline_fails_fast_and_clearly():
 
 def test_token_byte_lengths_add_up_to_the_utf8_bytes_of_the_text(corpus_texts):
     """Bits per byte divides by these: GPT-2's byte-level BPE is lossless, so they must be exact."""
-    from pretrain.data.tokenizer import token_byte_lengths
+    from pretrain.data.ingest.tokenizer import token_byte_lengths
 
     files = bundled_files()
     tokenizer = build_tokenizer(files, special_tokens=False)  # as the cache encodes documents

@@ -1,4 +1,4 @@
-"""Any Hugging Face fast tokenizer from a tokenizer.json (data/tokenizer_json.py), with tokenizers
+"""Any Hugging Face fast tokenizer from a tokenizer.json (data/ingest/tokenizer_json.py), with tokenizers
 trained here offline: its EOS (from the file, from tokenizer_config.json, explicit, or refused), the
 cache identity (the file's sha256; GPT-2's identity keeps its keys), token_dtype=auto past 65,535 ids
 with a real cache build, the token byte table bits per byte rests on, and model.vocab_size."""
@@ -14,12 +14,12 @@ from helpers import compose, local_overrides, write_jsonl
 from helpers.trained_tokenizers import EOS, LARGE_VOCAB, large_bpe, small_bpe
 
 from pretrain.config import to_config
-from pretrain.data.cache import CacheSpec, cache_identity, resolve_token_dtype
-from pretrain.data.prepare import prepare_cache
-from pretrain.data.tokenizer import token_byte_lengths
-from pretrain.data.tokenizer_json import TokenizerJson, resolve_tokenizer, tokenizer_vocab_size
+from pretrain.data.ingest.cache import CacheSpec, cache_identity, resolve_token_dtype
+from pretrain.data.ingest.prepare import prepare_cache
+from pretrain.data.ingest.tokenizer import token_byte_lengths
+from pretrain.data.ingest.tokenizer_json import TokenizerJson, resolve_tokenizer, tokenizer_vocab_size
 from pretrain.errors import ConfigError, TokenizerError
-from pretrain.training.run import with_tokenizer_vocab
+from pretrain.training.startup import with_tokenizer_vocab
 
 
 @pytest.fixture(scope="module")

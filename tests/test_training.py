@@ -281,7 +281,7 @@ class _KeepModule(L.Callback):
 
 
 def test_a_single_runs_plot_is_drawn_after_its_training_state_is_released(tmp_path, cache_root, monkeypatch):
-    from pretrain.training import run as run_file
+    from pretrain.training import fit, startup
 
     kept, seen = _KeepModule(), {}
 
@@ -292,8 +292,8 @@ def test_a_single_runs_plot_is_drawn_after_its_training_state_is_released(tmp_pa
         seen["on disk"] = sorted(p.name for p in directory.iterdir())
         return directory / "compare.png"
 
-    monkeypatch.setattr(run_file, "_hydra_mode", lambda: "RUN")  # a single run under Hydra plots
-    monkeypatch.setattr(run_file, "_output_dir", lambda configured: Path(configured))
+    monkeypatch.setattr(fit, "hydra_mode", lambda: "RUN")  # a single run under Hydra plots
+    monkeypatch.setattr(startup, "_output_dir", lambda configured: Path(configured))
     out = tmp_path / "run"
     summary = train(compose(out, "train.max_steps=2"), callbacks=[kept], plot_run=plot)
     assert seen["devices"] == {"meta"}  # the weights' storage is freed
@@ -304,15 +304,15 @@ def test_a_single_runs_plot_is_drawn_after_its_training_state_is_released(tmp_pa
 
 
 def test_a_multirun_job_leaves_its_plot_to_compare_also_with_wandb(tmp_path, cache_root, monkeypatch):
-    from pretrain.training import run as run_file
+    from pretrain.training import fit, startup
 
     for name in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
         (tmp_path / name).mkdir()
         monkeypatch.setenv(name, str(tmp_path / name))
     monkeypatch.setenv("WANDB_MODE", "offline")
     drawn: list[Path] = []
-    monkeypatch.setattr(run_file, "_hydra_mode", lambda: "MULTIRUN")
-    monkeypatch.setattr(run_file, "_output_dir", lambda configured: Path(configured))
+    monkeypatch.setattr(fit, "hydra_mode", lambda: "MULTIRUN")
+    monkeypatch.setattr(startup, "_output_dir", lambda configured: Path(configured))
     out = tmp_path / "job"
     train(compose(out, "train.max_steps=2", "logger=wandb"), plot_run=lambda d: drawn.append(d) or d)
     assert drawn == []

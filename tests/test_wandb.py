@@ -13,12 +13,14 @@ from wandb_records import OfflineRun, finished_run_file, run_file
 
 from pretrain.cli import main
 from pretrain.config import load_config, to_config
-from pretrain.data.cache import CacheSpec
+from pretrain.data.ingest.cache import CacheSpec
+from pretrain.data.ingest.prepare import prepare_cache
 from pretrain.data.policies import PolicySettings
-from pretrain.data.prepare import prepare_cache
 from pretrain.data.stats import inspect_split
-from pretrain.report.arm_table import WANDB_COLUMNS
-from pretrain.report.compare import COLUMNS, Run, load_run, plot_run, run_group_of
+from pretrain.report.arm_render import WANDB_COLUMNS
+from pretrain.report.compare import plot_run
+from pretrain.report.table import COLUMNS
+from pretrain.report.wandb_log import run_group_of
 from pretrain.training.loggers import (
     PLOT_KEY,
     TOKEN_AXIS,
@@ -28,6 +30,7 @@ from pretrain.training.loggers import (
     run_name,
 )
 from pretrain.training.run import train
+from pretrain.training.run_record import Run, load_run
 
 GROUP = "wandb-test"
 POLICIES = {  # run directory -> overrides

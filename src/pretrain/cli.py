@@ -51,7 +51,7 @@ def _cache_spec(overrides: list[str]):
     from .config import load_config, to_config
 
     config = to_config(load_config(overrides))  # a bad override fails before the heavy imports below
-    from .data.cache import CacheSpec
+    from .data.ingest.cache import CacheSpec
 
     return config, CacheSpec.from_config(config)
 
@@ -84,8 +84,8 @@ def component_configs(config):
 def cmd_verify(overrides: list[str]) -> int:
     """Full sha256 verification of the config's cache (a mixture: each component's), in place (it may
     be read-only)."""
+    from .data.ingest.prepare import verify_existing
     from .data.mixture import MixtureSpec
-    from .data.prepare import verify_existing
 
     config, spec = _cache_spec(overrides)
     mixture = MixtureSpec.from_config(config)
@@ -118,11 +118,12 @@ def cmd_inspect(overrides: list[str], output: str | None) -> int:
     config, spec = _cache_spec(overrides)
     path = _check_output_file(output, example="stats.json") if output else None  # before the work
     from .data.floors import combined_floors, spec_floors
+    from .data.ingest.prepare import prepare_cache
     from .data.mixture import MixtureSpec
     from .data.policies import PolicySettings
-    from .data.prepare import prepare_cache
     from .data.sources.summary import source_summary
-    from .data.stats import inspect_split, render_table
+    from .data.stats import inspect_split
+    from .report.inspect_table import render_table
 
     settings = PolicySettings.from_config(config.data, config.train, config.seed)
     mixture = MixtureSpec.from_config(config)
@@ -157,7 +158,8 @@ def cmd_inspect(overrides: list[str], output: str | None) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from .errors import WriteError
-    from .report.compare import check_output, compare
+    from .report.compare import compare
+    from .report.figure import check_output
 
     # The plot's path (default: compare.png in the first directory) is checked before the work.
     output = Path(args.output) if args.output else Path(args.dirs[0]) / "compare.png"
@@ -286,6 +288,21 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", help="Hydra overrides, e.g. data=padded data.max_seq_len=1024"
     )
     _add_output(inspect, "also write the statistics as JSON to this file (the table is always printed)")
+    _add_compare(sub)
+    evaluate = sub.add_parser("eval", help="validation loss, perplexity and bits per byte of a checkpoint")
+    evaluate.add_argument("checkpoint", help="a .ckpt written by python train.py")
+    evaluate.add_argument(
+        "overrides", nargs="*", help="overrides on the checkpoint's config, e.g. data=padded"
+    )
+    _add_output(evaluate, "also write the result as JSON to this file")
+    export = sub.add_parser("export", help="a Hugging Face GPT2LMHeadModel directory from a checkpoint")
+    export.add_argument("checkpoint", help="a .ckpt written by python train.py")
+    _add_output(export, "the new model directory", required=True)
+    return parser
+
+
+def _add_compare(sub) -> None:
+    """`pretrain compare DIR...` and its options."""
     compare = sub.add_parser(
         "compare",
         help="what packing bought: loss, waste and truncation of runs side by side; runs that differ "
@@ -339,16 +356,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="a figure without times, for publishing from a shared machine: loss against optimizer steps "
         "instead of seconds, no tokens/s bars (the tables keep them)",
     )
-    evaluate = sub.add_parser("eval", help="validation loss, perplexity and bits per byte of a checkpoint")
-    evaluate.add_argument("checkpoint", help="a .ckpt written by python train.py")
-    evaluate.add_argument(
-        "overrides", nargs="*", help="overrides on the checkpoint's config, e.g. data=padded"
-    )
-    _add_output(evaluate, "also write the result as JSON to this file")
-    export = sub.add_parser("export", help="a Hugging Face GPT2LMHeadModel directory from a checkpoint")
-    export.add_argument("checkpoint", help="a .ckpt written by python train.py")
-    _add_output(export, "the new model directory", required=True)
-    return parser
 
 
 def _options_last(argv: list[str]) -> list[str]:

@@ -1,7 +1,7 @@
 """The errors a user can fix: one family, so the CLI reports exactly these in one line.
 
-Each derives from `PretrainError` and from the builtin it used to be (ValueError for bad settings,
-RuntimeError for a broken cache, source or tokenizer), so `except ValueError` code keeps working.
+Each derives from `PretrainError` and from the builtin that fits it (ValueError for bad settings,
+RuntimeError for a broken cache, source or tokenizer), so `except ValueError` code catches them too.
 Anything else (a torch, CUDA or programming error) is not caught and keeps its traceback.
 """
 

@@ -18,12 +18,12 @@ import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from .config import Config, config_dir, to_config, upgrade_run_config, with_group_option
-from .data.cache import CacheSpec
 from .data.evaluation import document_bytes, evaluation_batches, evaluation_positions, evaluation_units
+from .data.ingest.cache import CacheSpec
+from .data.ingest.prepare import prepare_cache
+from .data.ingest.tokenizer import token_byte_lengths
 from .data.mixture import MixtureSpec
 from .data.policies import PolicySettings, split_chunks
-from .data.prepare import prepare_cache
-from .data.tokenizer import token_byte_lengths
 from .data.tokens import TokenSplit
 from .errors import CheckpointError, ConfigError
 from .hf import check_weight_shapes, model_weights
@@ -163,7 +163,7 @@ def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict
     backend = check_backend(str(config.attn.backend), device, dtype, training=False)
     weights = model_weights(checkpoint)
     check_weight_shapes(weights, gpt_config, str(path))
-    model = build_model(gpt_config, attn=backend, attn_compile=config.attn.compile)
+    model = build_model(gpt_config, attn=backend, attn_compile=config.attn.compile_mode)
     model.load_state_dict(weights)
     mixture = MixtureSpec.from_config(config)
     specs = (

@@ -153,8 +153,8 @@ def _model_card(checkpoint: dict, hparams: dict, architecture: str = "GPT2LMHead
 
 def _write_tokenizer(directory: Path, hparams: dict, max_length: int) -> None:
     from .config import TokenizerConfig
-    from .data.tokenizer import EOS_TEXT, build_tokenizer
-    from .data.tokenizer_json import TokenizerJson, resolve_tokenizer
+    from .data.ingest.tokenizer import EOS_TEXT, build_tokenizer
+    from .data.ingest.tokenizer_json import TokenizerJson, resolve_tokenizer
 
     saved = (hparams.get("run_config") or {}).get("tokenizer")
     if not saved:

@@ -28,7 +28,7 @@ from .config import CONFIG_NAME, config_dir, register_schema
 
 if TYPE_CHECKING:
     from .config import Config
-    from .data.cache import Cache
+    from .data.ingest.cache import Cache
 
 
 def run_prepare(config: Config, *, progress: bool = True) -> tuple[Path, Cache | None]:
@@ -36,9 +36,10 @@ def run_prepare(config: Config, *, progress: bool = True) -> tuple[Path, Cache |
 
     Returns (the cache directory, the cache), or (the task's part file, None) for a task.
     """
-    from .data.build.staging import prepare_task, staging_dir
-    from .data.cache import CacheSpec, verify_cache
-    from .data.prepare import prepare_cache
+    from .data.ingest.cache import CacheSpec
+    from .data.ingest.prepare import prepare_cache
+    from .data.ingest.staging import prepare_task, staging_dir
+    from .data.ingest.verify import verify_cache
 
     spec = CacheSpec.from_config(config)  # carries the prepare settings (spec.prepare) to the build
     tasks = spec.prepare.tasks

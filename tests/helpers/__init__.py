@@ -5,6 +5,7 @@ texts      English-like fixture documents (make_texts, fixture_texts, TRICKY_TEX
 sources    FineWeb-shaped parquet / JSON lines files
 reference  independent expectations (expected_split, reference_encode, expected_cache)
 configs    config composition, `pretrain prepare` runs, TINY_RUN, module_cache_root, sampler inputs
+plugins    the plug-ins' test cases, read from the registries (POLICY_VARIANTS, ...)
 """
 
 from .configs import (
@@ -25,11 +26,31 @@ from .configs import (
     split_of,
 )
 from .env import DESIGN_KEYS, EOS, OFFLINE_ENV, REPO
+from .plugins import (
+    BACKEND_CHOICES,
+    POLICIES,
+    POLICY_VARIANTS,
+    SOURCE_KINDS,
+    cpu_backends,
+    golden_variants,
+    one_variant_per_policy,
+    packing_policies,
+    policies_where,
+)
 from .reference import expected_cache, expected_split, reference_encode
 from .sources import fineweb_rows, write_jsonl, write_parquet
 from .texts import TRICKY_TEXTS, english_text, fixture_texts, make_texts
 
 __all__ = [
+    "BACKEND_CHOICES",
+    "POLICIES",
+    "POLICY_VARIANTS",
+    "SOURCE_KINDS",
+    "cpu_backends",
+    "golden_variants",
+    "one_variant_per_policy",
+    "packing_policies",
+    "policies_where",
     "SHARED_CACHE",
     "DESIGN_KEYS",
     "EOS",

@@ -33,14 +33,14 @@ def compose(*overrides: str):
 def cache_spec(cfg):
     """The CacheSpec a run's entry builds from a composed config."""
     from pretrain.config import to_config
-    from pretrain.data.cache import CacheSpec
+    from pretrain.data.ingest.cache import CacheSpec
 
     return CacheSpec.from_config(to_config(cfg))
 
 
 def prepare(cfg, **kwargs):
     """`prepare_cache` of a composed config, as `pretrain prepare` runs it."""
-    from pretrain.data.prepare import prepare_cache
+    from pretrain.data.ingest.prepare import prepare_cache
 
     return prepare_cache(cache_spec(cfg), **kwargs)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -38,6 +39,9 @@ atexit.register(shutil.rmtree, _HF_HOME, ignore_errors=True)
 atexit.register(shutil.rmtree, _SESSION_CACHE_ROOT, ignore_errors=True)
 
 REPO = Path(__file__).resolve().parents[2]
+# bench/synthetic.py (the benchmarks' synthetic lengths and batches) is imported by some tests too.
+if str(REPO / "bench") not in sys.path:
+    sys.path.insert(0, str(REPO / "bench"))
 EOS = 50256
 # The inspect-data JSON keys the README promises.
 DESIGN_KEYS = frozenset(

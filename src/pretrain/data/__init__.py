@@ -19,8 +19,8 @@ _EXPORTS = {
     "split_tokens": "chunking",
     "Sampler": "samplers",
     "build_sampler": "samplers",
-    "document_id": "split",
-    "document_split": "split",
+    "document_id": "ingest.split",
+    "document_split": "ingest.split",
 }
 
 __all__ = sorted(_EXPORTS)

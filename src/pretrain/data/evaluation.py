@@ -47,7 +47,7 @@ def validation_pairs(settings: PolicySettings) -> int | None:
 
 def evaluation_units(settings: PolicySettings, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
     """(chunk order, unit pointers) of `table`'s chunks as the policy batches validation chunks."""
-    return settings.data_policy.evaluation_units(table)
+    return settings.data_policy.evaluation_units(table, settings.eval_packing_buffer)
 
 
 def evaluation_batch_count(settings: PolicySettings, table: ChunkTable) -> int:

@@ -39,10 +39,11 @@ import numpy as np
 
 from ..arrays import run_positions
 from ..errors import CacheError
-from .cache import Cache, CacheSpec, _lock, _place_name, manifest_files, max_token_id
 from .evaluation import document_bytes
 from .files import ensure_dir, read_json, state_dir, writable_dir, write_json_atomic
-from .tokenizer import token_byte_lengths
+from .ingest.cache import Cache, CacheSpec, _place_name, manifest_files, max_token_id
+from .ingest.tokenizer import token_byte_lengths
+from .ingest.verify import _lock
 from .tokens import TokenSplit
 
 FLOORS = "floors.json"

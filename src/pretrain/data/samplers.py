@@ -319,8 +319,7 @@ def read_state(
             f"sampler state version {state.get('version')!r}, expected {STATE_VERSION}: the checkpoint "
             "was written by another version of pretrain; start a new run (ckpt_path=null)"
         )
-    renamed = settings.data_policy.renamed_settings
-    saved = {renamed.get(k, k): v for k, v in dict(state.get("settings", {})).items()}
+    saved = dict(state.get("settings", {}))
     position = _position(state, saved, settings)
     for key in (*SIZES_OF_VERSION_2, *ignore):
         saved.pop(key, None)

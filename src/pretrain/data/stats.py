@@ -1,17 +1,29 @@
-"""`pretrain inspect-data`: statistics of a cache under the chosen policy, and a table of them.
+"""`pretrain inspect-data`: statistics of a cache under the chosen policy (report/inspect_table.py
+renders them).
 
 All numbers come from the split's index and the policy's layout (epoch 0 for policies that change per epoch,
-one rank); only the leak check reads tokens, block by block.
+one rank); only the leak check reads tokens, block by block. The keys of `inspect_split`:
+
+
+* `chunks` / `chunk_lengths`: the sequences attention runs over (`segment_lengths`);
+* `packs`: padded rows or packs; `pack_utilization`: real tokens / `slots` (packs x max_seq_len;
+  a padded row counts its padded width, so it is 1 - padding_waste there);
+* `padding_waste`: 1 - real tokens / `computed_rows`;
+* `truncated_pairs`: pairs no batch ever holds (the document tails `data.long_docs=truncate` drops);
+* `cross_document_visible_fraction`: share of real tokens that attend to another document;
+* the composition audit (data/audit.py): `truncated_documents`, `dropped_pairs`,
+  `fragmented_documents`, `units_vs_concat`, `attention_cost` and `attention_cost_padded`;
+* `tokens_per_step`: real tokens per microbatch (mean over the epoch) x train.accumulation;
+  `steps_per_epoch`: microbatches per epoch // train.accumulation;
+* `verbatim_leaks`: validation documents sharing a 64-token window with a train document.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from rich.table import Table
 
 from ..arrays import member_of_sorted, run_positions, sorted_unique
 from .audit import audit_plan
@@ -22,27 +34,6 @@ from .samplers import Sampler, build_sampler
 from .tokens import TokenSplit
 
 LEAK_WINDOW = 64
-# Fractions the table shows in percent.
-PERCENT_KEYS = frozenset(
-    {
-        "pack_utilization",
-        "padding_waste",
-        "cross_document_visible_fraction",
-        "truncated_documents",
-        "dropped_pairs",
-        "fragmented_documents",
-        # a mixture component's (mixture.<name>.*)
-        "weight",
-        "share",
-        "documents_used_per_epoch",
-        "update_share_deviation_max",
-        "update_share_deviation_mean",
-    }
-)
-FLOOR_KEYS = frozenset({"nats", "bits_per_byte", "lambda"})
-"""The floors' numbers (data/floors.py): shown to four decimals."""
-LEAK_IDS_NAMED = 3
-"""The leak warning names this many documents (id prefixes); the JSON lists every one."""
 _HASH_BASE = np.uint64(0x9E3779B97F4A7C15)
 _BLOCK_TOKENS = 1 << 20
 
@@ -141,19 +132,8 @@ def inspect_split(
 ) -> dict:
     """Statistics of the train split under the policy of `settings` (the inspect-data keys of the
     README), for one rank and epoch 0 (a policy that packs anew each epoch differs slightly per
-    epoch). The policy says what its batches cost (data/policies/); this module only adds them up:
-
-    * `chunks` / `chunk_lengths`: the sequences attention runs over (`segment_lengths`);
-    * `packs`: padded rows or packs; `pack_utilization`: real tokens / `slots` (packs x max_seq_len;
-      a padded row counts its padded width, so it is 1 - padding_waste there);
-    * `padding_waste`: 1 - real tokens / `computed_rows`;
-    * `truncated_pairs`: pairs no batch ever holds (the document tails `data.long_docs=truncate` drops);
-    * `cross_document_visible_fraction`: share of real tokens that attend to another document;
-    * the composition audit (data/audit.py): `truncated_documents`, `dropped_pairs`,
-      `fragmented_documents`, `units_vs_concat`, `attention_cost` and `attention_cost_padded`;
-    * `tokens_per_step`: real tokens per microbatch (mean over the epoch) x train.accumulation;
-      `steps_per_epoch`: microbatches per epoch // train.accumulation;
-    * `verbatim_leaks`: validation documents sharing a 64-token window with a train document.
+    epoch; the keys: the module docstring). The policy says what its batches cost (data/policies/);
+    this module only adds them up.
     Also `settings` (the policy's knobs) and `validation` (its size, and the batches and pairs that
     training's val/loss scores: the same for every policy).
     `audits=False` leaves out the two costly checks, `train_validation_overlap` (every id) and
@@ -174,10 +154,6 @@ def inspect_split(
     slots = policy.slots(plan)
     global_batches = plan.global_batches
     accumulation = settings.accumulation
-    scored = [
-        evaluation_chunks(part, settings.max_seq_len, validation_pairs(settings))
-        for part in (validation_parts or [validation])
-    ]
     own = {"long_docs": str(settings.data.long_docs)}  # named always, also where it is the default
     own.update({key.split(".")[-1]: value for key, value in sampler.policy_settings().items()})
     return {
@@ -198,92 +174,26 @@ def inspect_split(
         "steps_per_epoch": global_batches // accumulation,
         **(_audits(train, validation) if audits else {}),
         "settings": {"batch_size": settings.batch_size, "accumulation": accumulation, **own},
-        "validation": {
-            "documents": len(validation),
-            "raw_tokens": validation.num_tokens,
-            "prediction_pairs": validation.num_pairs,
-            "batches": sum(evaluation_batch_count(settings, s) for s in scored),  # val/loss's, one rank
-            "scored_pairs": sum(s.total_pairs for s in scored),
-        },
+        "validation": _validation(settings, validation, validation_parts),
         **(_mixture(sampler, plan) if sampler.mixture_plan is not None else {}),
+    }
+
+
+def _validation(settings: PolicySettings, validation: TokenSplit, parts: Sequence[TokenSplit] | None) -> dict:
+    """The validation split's size, and the batches and pairs training's val/loss scores (one rank)."""
+    scored = [
+        evaluation_chunks(part, settings.max_seq_len, validation_pairs(settings))
+        for part in (parts or [validation])
+    ]
+    return {
+        "documents": len(validation),
+        "raw_tokens": validation.num_tokens,
+        "prediction_pairs": validation.num_pairs,
+        "batches": sum(evaluation_batch_count(settings, s) for s in scored),  # val/loss's, one rank
+        "scored_pairs": sum(s.total_pairs for s in scored),
     }
 
 
 def _mixture(sampler: Sampler, plan) -> dict:
     assert sampler.mixture_plan is not None
     return {"mixture": mixture_statistics(sampler.mixture_plan, plan, sampler.update_units)}
-
-
-def stats_warnings(stats: dict) -> list[str]:
-    """Loud problems: validation documents seen in training."""
-    lines = []
-    if stats.get("train_validation_overlap", 0) > 0:
-        lines.append(
-            f"WARNING: {stats['train_validation_overlap']} document ids are in both train and validation"
-        )
-    if stats.get("verbatim_leaks", 0) > 0:
-        ids = stats.get("verbatim_leak_ids", [])
-        named = ", ".join(i[:12] for i in ids[:LEAK_IDS_NAMED]) + (
-            ", ..." if len(ids) > LEAK_IDS_NAMED else ""
-        )
-        count = stats["verbatim_leaks"]
-        documents = "1 validation document shares" if count == 1 else f"{count} validation documents share"
-        lines.append(
-            f"WARNING: {documents} a {LEAK_WINDOW}-token passage with a train document (a verbatim leak, "
-            "e.g. repeated boilerplate or a quoted text): val/loss on it partly measures memorisation; a few "
-            "among many validation documents barely move val/loss, and to remove them deduplicate or drop "
-            f"those texts in the source or try another split.seed; ids {named} (every id: verbatim_leak_ids "
-            "in the JSON of inspect-data output=FILE)"
-        )
-    return lines
-
-
-def _fmt(key: str, value) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, float):
-        if key in PERCENT_KEYS:
-            return f"{100 * value:.2f} %"
-        if key == "units_vs_concat":  # Ding et al.'s compactness: differences of 0.01 % matter
-            return f"{value:.5f}"
-        if key == "uses_per_epoch":
-            return f"{value:.3f}"
-        if key in FLOOR_KEYS:
-            return f"{value:.4f}"
-        return f"{value:,.1f}" if math.isfinite(value) else str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
-
-def render_table(stats: dict) -> Table:
-    """The statistics as a two-column table; overlap or leaks turn their rows and the caption red."""
-    warnings = stats_warnings(stats)
-    table = Table(
-        title=f"inspect-data: policy {stats.get('policy')}, max_seq_len {stats.get('max_seq_len')}",
-        caption="\n".join(warnings) or None,
-        caption_style="bold red",
-        min_width=max((len(line) + 4 for line in warnings), default=None),
-    )
-    table.add_column("statistic")
-    table.add_column("value", justify="right")
-    loud = {"train_validation_overlap", "verbatim_leaks"}
-    for key, value in stats.items():
-        if key in ("policy", "max_seq_len", "verbatim_leak_ids"):  # the ids: in the caption and JSON
-            continue
-        if isinstance(value, dict):  # mixture.<component>.<statistic>, floors.bigram.nats, ...
-            for name, leaf, number in _leaves(key, value):
-                table.add_row(name, _fmt(leaf, number))
-            continue
-        style = "bold red" if key in loud and value else None
-        table.add_row(key, _fmt(key, value), style=style)
-    return table
-
-
-def _leaves(key: str, value: dict):
-    """(dotted name, last key, value) of every non-dict entry below `value`."""
-    for sub, item in value.items():
-        if isinstance(item, dict):
-            yield from _leaves(f"{key}.{sub}", item)
-        else:
-            yield f"{key}.{sub}", sub, item

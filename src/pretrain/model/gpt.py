@@ -65,8 +65,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """GPT-2 on PackedBatch. `attn` is `attn.backend`: `auto` or a backend of the registry (`sdpa`,
     `flex`, `varlen`: model/attention/); `attn_compile` is `attn.compile`: `auto` (compile flex_attention
-    on CUDA only), True or False. (Not `compile`: that is nn.Module's own method.) Both were checked by
-    the schema; an unknown backend name here is a programming error (ValueError)."""
+    on CUDA only), True or False. (Not `compile`: that is nn.Module's own method.) The schema checks
+    both; an unknown backend name here is a programming error (ValueError)."""
 
     def __init__(self, config: GPTConfig, attn: str = "sdpa", attn_compile: bool | str = "auto"):
         super().__init__()

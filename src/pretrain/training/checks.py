@@ -8,14 +8,14 @@ from pathlib import Path
 
 import torch
 
-from ..config import AttnConfig, TrainerConfig
+from ..checkpoint_files import load_checkpoint
+from ..config import AttnConfig, TrainerConfig, upgrade_sampler_state
 from ..data.policies import PolicySettings
 from ..data.samplers import check_resume
 from ..errors import CheckpointError, ConfigError
 from ..hf import check_weight_shapes, model_weights
 from ..model import ModelSettings, config_from_dict
 from ..model.attention import check_backend, resolve_backend
-from .checkpoints import load_checkpoint
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "16": torch.float16, "fp16": torch.float16}
 DATAMODULE_STATE = "PretrainDataModule"  # Lightning saves a datamodule's state under its class name
@@ -168,7 +168,7 @@ def check_checkpoint(
     sampler_state = (checkpoint.get(DATAMODULE_STATE) or {}).get("train_sampler")
     if policy is not None and sampler_state:
         try:
-            check_resume(sampler_state, policy, world_size)
+            check_resume(upgrade_sampler_state(sampler_state), policy, world_size)
         except ConfigError as error:
             raise CheckpointError(f"ckpt_path={path}: {error}") from None
 

@@ -38,8 +38,8 @@ import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
 
+from ..config import upgrade_sampler_state
 from ..data.batch import PackedBatch
-from ..data.cache import Cache, CacheSpec
 from ..data.chunking import ChunkTable
 from ..data.evaluation import (
     evaluation_batches,
@@ -49,9 +49,10 @@ from ..data.evaluation import (
     validation_pairs,
 )
 from ..data.floors import combined_floors, spec_floors
+from ..data.ingest.cache import Cache, CacheSpec
+from ..data.ingest.prepare import prepare_cache
 from ..data.mixture import MixtureSpec
 from ..data.policies import PolicySettings
-from ..data.prepare import prepare_cache
 from ..data.samplers import Sampler, build_sampler
 from ..data.tokens import TokenSplit
 from ..errors import CheckpointError, ConfigError
@@ -271,4 +272,5 @@ class PretrainDataModule(L.LightningDataModule):
                 f"{self.cache_key}: resume with the same source (or mixture), tokenizer, split and budget "
                 "settings"
             )
-        self._resume_state = state.get("train_sampler")
+        saved = state.get("train_sampler")
+        self._resume_state = None if saved is None else upgrade_sampler_state(saved)

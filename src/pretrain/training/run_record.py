@@ -8,7 +8,6 @@ step wins (also across files: `metrics.<n>.csv` beside it, n ascending, then `me
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -19,6 +18,7 @@ import yaml
 
 from ..errors import ConfigError
 from .metrics_file import FILE_NAME, join_steps, numeric_rows, read_table
+from .summary import read_summary
 
 LOSS = "train/loss"
 
@@ -159,7 +159,7 @@ def _run_json_entry(run_dir: Path, key: str) -> dict:
     """run.json's `key` entry (the `composition` audit of data/audit.py, the `floors` of
     data/floors.py); {} for a run without one (unfinished, older)."""
     try:
-        return dict(json.loads((run_dir / "run.json").read_text()).get(key) or {})
+        return dict(read_summary(run_dir).get(key) or {})
     except (OSError, ValueError, AttributeError, TypeError):
         return {}
 

@@ -203,3 +203,11 @@ def hold_run_dir(directory: Path) -> RunLock:
     lock = RunLock(directory).acquire()
     _HELD[Path(directory).resolve()] = lock
     return lock
+
+
+def hydra_mode() -> str | None:
+    """RUN or MULTIRUN under @hydra.main, else None (tests, notebooks)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    mode = HydraConfig.get().mode if HydraConfig.initialized() else None
+    return None if mode is None else mode.name

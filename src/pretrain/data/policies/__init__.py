@@ -1,5 +1,5 @@
 """Data policies as plug-ins: one module per policy (padded, prepacked, bestfit, firstfit, vsl), each a
-class built from its own config dataclass (the `data` group's options), and one registry (`registry.py`).
+class built from its own config dataclass (the `data` group's options), listed once in `registry.py`.
 
 A policy says how an epoch's units are laid out, how a batch is gathered, what it costs and how
 validation chunks are batched (`base.DataPolicy`); the generic `Sampler` (data/samplers.py) owns the
@@ -11,7 +11,7 @@ Nothing here imports torch at module level (a batch is built lazily), so the con
 registers these dataclasses stays cheap for `pretrain prepare`.
 """
 
-from .base import DataConfig, DataPolicy, LongDocs, PackingConfig, PackingPolicy, Policy, positive_int
+from .base import DataConfig, DataPolicy, LongDocs, PackingConfig, PackingPolicy, positive_int
 from .bestfit import BestfitConfig, BestfitPolicy, bestfit_layout
 from .curriculum import Curriculum
 from .firstfit import FirstfitConfig, FirstfitPolicy, firstfit_layout
@@ -40,7 +40,6 @@ __all__ = [
     "PadTo",
     "PaddedConfig",
     "PaddedPolicy",
-    "Policy",
     "PolicySettings",
     "PrepackedConfig",
     "PrepackedPolicy",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from ...errors import ConfigError
+from ...plugins import MISSING
 from ..chunking import ChunkTable, check_max_seq_len
 from ..packing import best_fit_buffered
 from .layout import EpochPlan, Layout, first_chunk_ids, shuffled
@@ -26,20 +27,6 @@ from .layout import EpochPlan, Layout, first_chunk_ids, shuffled
 if TYPE_CHECKING:
     from ..batch import PackedBatch
     from ..tokens import TokenSplit
-
-# omegaconf's marker of a value a group option sets (its YAML file), spelled out: no module below the
-# entry imports omegaconf.
-MISSING = "???"
-
-
-class Policy(StrEnum):
-    """The choices of `data.policy`: one member per module of this package (the registry checks it)."""
-
-    padded = "padded"
-    prepacked = "prepacked"
-    bestfit = "bestfit"
-    firstfit = "firstfit"
-    vsl = "vsl"
 
 
 class LongDocs(StrEnum):
@@ -72,18 +59,15 @@ class DataConfig:
     """The `data` group: what every policy has. Each policy's option (`conf/data/<policy>.yaml`)
     types the group with its own subclass, registered in Hydra's ConfigStore by `pretrain.config`."""
 
-    policy: Policy = MISSING  # type: ignore[assignment]
-    """how batches are built from the cache: padded, prepacked, bestfit, firstfit or vsl"""
+    policy: str = MISSING
+    """how batches are built from the cache: one of the registered policies (`data=<policy>` sets it)"""
     max_seq_len: int = 512
     """context length = pack capacity = padded row width, 2..4096 (a power of two for vsl)"""
     long_docs: LongDocs = LongDocs.chunk
     """long documents: chunk (every chunk trained) or truncate (first max_seq_len inputs); padded: truncate"""
 
     # The policy whose options this class holds (None: the group's base, no policy chosen yet).
-    for_policy: ClassVar[Policy | None] = None
-    # Options this policy gained after the data group split that another policy held before it: a run
-    # config saved before the split (every policy's options in one group) drops them on upgrade.
-    gained_since_split: ClassVar[tuple[str, ...]] = ()
+    for_policy: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
         if is_set(self.max_seq_len):
@@ -92,7 +76,7 @@ class DataConfig:
         if own is not None and is_set(chosen) and chosen != own:
             raise ConfigError(
                 f"data.policy={chosen} does not fit the options of data={own}: choose the policy "
-                f"with data={chosen} (one of {', '.join(Policy)})"
+                f"with data={chosen}"
             )
 
     def microbatch_units(self, batch_size: int | None, microbatch_tokens: int | None) -> int:
@@ -106,32 +90,31 @@ class DataConfig:
 
 @dataclass
 class PackingConfig(DataConfig):
-    """Options of the policies that pack chunks (validation chunks are best fit by every one)."""
+    """Options of the policies that pack chunks."""
 
-    packing_buffer: int = 64
-    """chunks in the best-fit candidate buffer (bestfit's packs, validation packs of packing policies)"""
     document_mask: bool = True
     """packing policies: false makes each pack one attention segment (positions continue across documents)"""
     positions: Positions = RESTART
     """packing policies: restart (each attention segment numbered from 0) or continue (across the pack)"""
-
-    gained_since_split: ClassVar[tuple[str, ...]] = ("document_mask",)  # prepacked concat's only, before
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if is_set(self.packing_buffer):
-            positive_int(self.packing_buffer, "data.packing_buffer")
 
 
 class DataPolicy:
     """One data policy, built from its config. Subclasses say which layout an epoch has, how a
     batch of it is gathered and what it costs; `Sampler` calls them, `inspect-data` adds them up."""
 
-    name: ClassVar[Policy]
+    name: ClassVar[str]
     config_class: ClassVar[type[DataConfig]]
+    # Option sets that exercise this policy's axes (`data.<key>=value` overrides, case name -> them):
+    # the generic tests (every item once, resume, elastic resume) run each one.
+    test_variants: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # Its recorded cases of tests/golden/batches.json (overrides on the golden smoke run), if any: a
+    # policy without one is checked to serve the same batches twice instead.
+    golden_variants: ClassVar[dict[str, tuple[str, ...]]] = {}
     fixed_layout: ClassVar[bool] = True  # the same layout every epoch (built once per sampler)
     shuffle_units: ClassVar[bool] = True  # shuffle the units of the layout per training epoch
     unit_name: ClassVar[str] = "packs"  # what a unit is called in messages
+    # What a unit's items are: the chunk table's chunks, or "pieces" of them (vsl's power-of-two cuts).
+    items: ClassVar[str] = "chunks"
     # The baseline the other layouts are measured against: compare's default reference arm.
     baseline: ClassVar[bool] = False
     # True when `unit_order` groups the units into whole optimizer updates (vsl: one bucket per update):
@@ -140,8 +123,6 @@ class DataPolicy:
     # False when the layout is one stream fixed ahead of time (prepacked), so a table planned anew every
     # epoch (a mixture's, data/mixture.py) cannot be laid out.
     mixes: ClassVar[bool] = True
-    # Resume-key names of older checkpoints -> today's (a state saved before a key moved still resumes).
-    renamed_settings: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: DataConfig) -> None:
         self.config = config
@@ -227,8 +208,10 @@ class DataPolicy:
 
     # --- validation --------------------------------------------------------------------------------
 
-    def evaluation_units(self, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
-        """(chunk order, unit pointers) of the chunks evaluation scores, each chunk its own segment."""
+    def evaluation_units(self, table: ChunkTable, buffer: int) -> tuple[np.ndarray, np.ndarray]:
+        """(chunk order, unit pointers) of the chunks evaluation scores, each chunk its own segment;
+        `buffer` is train.eval_packing_buffer (a policy that packs validation chunks best fits them in
+        index order from that many candidates)."""
         raise NotImplementedError
 
     def evaluation_batch(
@@ -243,8 +226,8 @@ class DataPolicy:
 class PackingPolicy(DataPolicy):
     """A policy that packs chunks. With `data.document_mask=false` a pack is one attention segment
     (its later documents see the earlier ones, positions run on across them); validation packs are best
-    fit in index order from the policy's candidate buffer (`data.packing_buffer`), every chunk its own
-    segment whatever the mask (so val/loss compares models)."""
+    fit in index order from `train.eval_packing_buffer` candidates, every chunk its own segment whatever
+    the mask (so val/loss compares models)."""
 
     config: PackingConfig
 
@@ -292,5 +275,5 @@ class PackingPolicy(DataPolicy):
         leading = run == np.repeat(run[starts], counts[counts > 0])
         return float(layout.length[~leading].sum(dtype=np.int64) / real)
 
-    def evaluation_units(self, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
-        return best_fit_buffered(table.length, self.max_seq_len, self.config.packing_buffer)
+    def evaluation_units(self, table: ChunkTable, buffer: int) -> tuple[np.ndarray, np.ndarray]:
+        return best_fit_buffered(table.length, self.max_seq_len, buffer)

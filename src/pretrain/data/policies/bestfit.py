@@ -12,7 +12,7 @@ import numpy as np
 
 from ..chunking import ChunkTable
 from ..packing import best_fit_buffered
-from .base import PackingConfig, PackingPolicy, Policy
+from .base import PackingConfig, PackingPolicy, is_set, positive_int
 from .layout import Layout, chunk_layout, epoch_chunk_order
 
 if TYPE_CHECKING:
@@ -27,16 +27,29 @@ def bestfit_layout(table: ChunkTable, order: np.ndarray, buffer: int) -> Layout:
 
 @dataclass
 class BestfitConfig(PackingConfig):
-    for_policy = Policy.bestfit
+    packing_buffer: int = 64
+    """bestfit: chunks in the best-fit candidate buffer its packs are built from"""
+
+    for_policy = "bestfit"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if is_set(self.packing_buffer):
+            positive_int(self.packing_buffer, "data.packing_buffer")
 
 
 class BestfitPolicy(PackingPolicy):
-    name = Policy.bestfit
+    name = "bestfit"
+    test_variants = {
+        "bestfit": ("data.packing_buffer=6",),
+        "bestfit-truncate": ("data.packing_buffer=6", "data.long_docs=truncate"),
+        "bestfit-open": ("data.packing_buffer=6", "data.document_mask=false"),
+    }
+    golden_variants = {"bestfit": (), "bestfit_accumulation": ("train.accumulation=2", "train.batch_size=2")}
     config_class = BestfitConfig
+    config: BestfitConfig
     fixed_layout = False  # packed anew every epoch
     shuffle_units = False  # the chunk order is shuffled before packing; packs keep their order
-    # States saved before the buffer moved from the train group to the data group.
-    renamed_settings = {"train.packing_buffer": "data.packing_buffer"}
 
     def layout(
         self, split: TokenSplit, table: ChunkTable, rng: np.random.Generator, packs_dir: Path | None

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..chunking import ChunkTable
 from ..packing import first_fit_online
-from .base import PackingConfig, PackingPolicy, Policy, is_set, positive_int
+from .base import PackingConfig, PackingPolicy, is_set, positive_int
 from .layout import Layout, chunk_layout, epoch_chunk_order
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class FirstfitConfig(PackingConfig):
     open_bins: int = 8
     """firstfit: bins open at once (a chunk fitting none emits the fullest)"""
 
-    for_policy = Policy.firstfit
+    for_policy = "firstfit"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -41,7 +41,12 @@ class FirstfitConfig(PackingConfig):
 
 
 class FirstfitPolicy(PackingPolicy):
-    name = Policy.firstfit
+    name = "firstfit"
+    test_variants = {
+        "firstfit": ("data.open_bins=2",),
+        "firstfit-truncate": ("data.open_bins=3", "data.long_docs=truncate"),
+        "firstfit-open": ("data.open_bins=2", "data.document_mask=false"),
+    }
     config_class = FirstfitConfig
     config: FirstfitConfig
     fixed_layout = False  # packed anew every epoch

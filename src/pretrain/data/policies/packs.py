@@ -120,6 +120,12 @@ def load_or_build_packs(
                 lock.release()
     if stored is None:
         stored = _build_packs(split, table, strategy, truncate)
+    return _packs_layout(table, strategy, stored)
+
+
+def _packs_layout(table: ChunkTable, strategy: Strategy, stored: dict) -> Layout:
+    """The layout of stored packs: BFD's index the chunk table, concat's hold their window pieces."""
+    max_seq_len = table.max_seq_len
     if strategy == Strategy.bfd:
         return chunk_layout(table, stored["items"], stored["ptr"])
     pieces = ChunkTable(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..chunking import ChunkTable
-from .base import DataConfig, DataPolicy, LongDocs, Policy
+from .base import DataConfig, DataPolicy, LongDocs
 from .layout import EpochPlan, Layout, chunk_layout
 
 if TYPE_CHECKING:
@@ -35,11 +35,17 @@ class PaddedConfig(DataConfig):
     """padded: pad rows to max_seq_len (max) or to the batch's longest row (longest)"""
     long_docs: LongDocs = LongDocs.truncate  # the MiniMind baseline keeps each document's first chunk
 
-    for_policy = Policy.padded
+    for_policy = "padded"
 
 
 class PaddedPolicy(DataPolicy):
-    name = Policy.padded
+    name = "padded"
+    test_variants = {
+        "padded-max": ("data.pad_to=max",),
+        "padded-longest": ("data.pad_to=longest",),
+        "padded-chunk": ("data.long_docs=chunk",),
+    }
+    golden_variants = {"padded_max": (), "padded_longest": ("data.pad_to=longest",)}
     config_class = PaddedConfig
     unit_name = "rows"
     baseline = True  # one document per row, padded: what packing is measured against
@@ -85,7 +91,7 @@ class PaddedPolicy(DataPolicy):
     def slots(self, plan: EpochPlan) -> int:
         return self.computed_rows(plan)  # a padded row holds its padded width
 
-    def evaluation_units(self, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
+    def evaluation_units(self, table: ChunkTable, buffer: int) -> tuple[np.ndarray, np.ndarray]:
         """Each chunk its own row (nothing is truncated in evaluation)."""
         return np.arange(len(table), dtype=np.int64), np.arange(len(table) + 1, dtype=np.int64)
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..chunking import ChunkTable
-from .base import PackingConfig, PackingPolicy, Policy
+from .base import PackingConfig, PackingPolicy
 from .layout import Layout
 from .packs import Strategy, load_or_build_packs
 
@@ -34,12 +34,28 @@ class PrepackedConfig(PackingConfig):
     strategy: Strategy = Strategy.concat
     """prepacked: concat (fixed windows over the token stream) or bfd (offline best-fit-decreasing)"""
 
-    for_policy = Policy.prepacked
-    gained_since_split = ()  # data.document_mask was its own
+    for_policy = "prepacked"
 
 
 class PrepackedPolicy(PackingPolicy):
-    name = Policy.prepacked
+    name = "prepacked"
+    test_variants = {
+        "concat-masked": ("data.strategy=concat", "data.document_mask=true"),
+        "concat-open": ("data.strategy=concat", "data.document_mask=false"),
+        "bfd": ("data.strategy=bfd",),
+        "concat-truncate": ("data.strategy=concat", "data.long_docs=truncate"),
+        "bfd-truncate": ("data.strategy=bfd", "data.long_docs=truncate"),
+        "bfd-open": ("data.strategy=bfd", "data.document_mask=false"),
+    }
+    golden_variants = {  # windows of 256, so that the served ones cross documents (the mask matters)
+        "prepacked_concat": ("data.strategy=concat", "data.max_seq_len=256"),
+        "prepacked_bfd": ("data.strategy=bfd",),
+        "prepacked_concat_nomask": (
+            "data.strategy=concat",
+            "data.document_mask=false",
+            "data.max_seq_len=256",
+        ),
+    }
     config_class = PrepackedConfig
     mixes = False  # one stream packed offline, not a table planned per epoch
     config: PrepackedConfig

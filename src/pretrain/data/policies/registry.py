@@ -1,31 +1,31 @@
-"""The one map from `data.policy` to its class: adding a policy is its module, its `Policy` member,
-one line here and its option `conf/data/<policy>.yaml` (whose defaults list names `<policy>_schema`)."""
+"""The one list of data policies: adding a policy is its module (a DataPolicy with its config
+dataclass and test variants), one line here and its option `conf/data/<policy>.yaml` (whose defaults
+list names `<policy>_schema`)."""
 
 from __future__ import annotations
 
 from ...errors import ConfigError
-from .base import DataConfig, DataPolicy, Policy
+from ...plugins import Registry
+from .base import DataConfig, DataPolicy
 from .bestfit import BestfitPolicy
 from .firstfit import FirstfitPolicy
 from .padded import PaddedPolicy
 from .prepacked import PrepackedPolicy
 from .vsl import VslPolicy
 
-REGISTRY: dict[Policy, type[DataPolicy]] = {
-    Policy.padded: PaddedPolicy,
-    Policy.prepacked: PrepackedPolicy,
-    Policy.bestfit: BestfitPolicy,
-    Policy.firstfit: FirstfitPolicy,
-    Policy.vsl: VslPolicy,
-}
+REGISTRY: Registry[type[DataPolicy]] = Registry(
+    "data.policy",
+    PaddedPolicy,
+    PrepackedPolicy,
+    BestfitPolicy,
+    FirstfitPolicy,
+    VslPolicy,
+)
 
 
 def policy_class(name: object) -> type[DataPolicy]:
     """The class of `data.policy=name`; an unknown name is refused in one line listing the choices."""
-    try:
-        return REGISTRY[Policy(str(name))]
-    except (ValueError, KeyError):
-        raise ConfigError(f"unknown data.policy {str(name)!r}; choose one of {', '.join(REGISTRY)}") from None
+    return REGISTRY.choose(name)
 
 
 def build_policy(config: DataConfig) -> DataPolicy:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from .base import DataConfig, DataPolicy, Policy
+from .base import DataConfig, DataPolicy
 from .registry import build_policy
 
 if TYPE_CHECKING:
@@ -20,12 +20,13 @@ class PolicySettings:
     seed: int
     batch_size: int  # units per microbatch (resolved from train.microbatch_tokens when that is set)
     eval_microbatch_tokens: int
+    eval_packing_buffer: int  # validation chunks best fit from this many candidates (packing policies)
     val_batches: int | None
     accumulation: int
 
     @property
-    def policy(self) -> Policy:
-        return Policy(self.data.policy)
+    def policy(self) -> str:
+        return str(self.data.policy)
 
     @property
     def max_seq_len(self) -> int:
@@ -49,6 +50,7 @@ class PolicySettings:
             seed=int(seed),
             batch_size=data.microbatch_units(train.batch_size, train.microbatch_tokens),
             eval_microbatch_tokens=int(train.eval_microbatch_tokens),
+            eval_packing_buffer=int(train.eval_packing_buffer),
             val_batches=train.val_batches,
             accumulation=int(train.accumulation),
         )

@@ -28,15 +28,12 @@ import numpy as np
 from ...errors import ConfigError
 from ..chunking import ChunkTable
 from ..packing import best_fit_buffered
-from .base import DataConfig, DataPolicy, Policy, is_set, positive_int
+from .base import DataConfig, DataPolicy, is_set, positive_int
 from .curriculum import Curriculum, schedule
 from .layout import Layout, index_dtype, shuffled
 
 if TYPE_CHECKING:
     from ..tokens import TokenSplit
-
-# Validation chunks are best fit from this many candidates (vsl has no packing buffer of its own).
-EVALUATION_BUFFER = 64
 
 
 def is_power_of_two(value: int) -> bool:
@@ -95,7 +92,7 @@ class VslConfig(DataConfig):
     curriculum_cycles: int = 8
     """vsl, curriculum=grow_p2: cycles of short-to-long growth per epoch"""
 
-    for_policy = Policy.vsl
+    for_policy = "vsl"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -123,10 +120,20 @@ class VslConfig(DataConfig):
 
 
 class VslPolicy(DataPolicy):
-    name = Policy.vsl
+    name = "vsl"
+    test_variants = {
+        "vsl": (),
+        "vsl-grow_p2-truncate": (
+            "data.curriculum=grow_p2",
+            "data.curriculum_cycles=2",
+            "data.long_docs=truncate",
+        ),
+        "vsl-uniform-accumulation": ("data.curriculum=uniform", "train.accumulation=2"),
+    }
     config_class = VslConfig
     config: VslConfig
     unit_name = "units"
+    items = "pieces"
     fixed_layout = False  # the pieces of a bucket are grouped anew every epoch
     whole_updates = True
 
@@ -185,6 +192,6 @@ class VslPolicy(DataPolicy):
             key["data.curriculum_cycles"] = int(self.config.curriculum_cycles)
         return key
 
-    def evaluation_units(self, table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
+    def evaluation_units(self, table: ChunkTable, buffer: int) -> tuple[np.ndarray, np.ndarray]:
         """Validation chunks best fit in index order, each its own segment (as the packing policies)."""
-        return best_fit_buffered(table.length, self.max_seq_len, EVALUATION_BUFFER)
+        return best_fit_buffered(table.length, self.max_seq_len, buffer)

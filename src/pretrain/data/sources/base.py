@@ -11,9 +11,31 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
-from ...errors import SourceError
+from ...errors import ConfigError, SourceError
+from ...plugins import MISSING
+
+
+@dataclass
+class SourceConfig:
+    """The `source` group: what every kind has. Each kind's option (`conf/source/<kind>.yaml`) types
+    the group with its own subclass (registered in Hydra's ConfigStore as `<kind>_schema`), so it holds
+    that kind's options only."""
+
+    kind: str = MISSING
+    """where documents come from: one of the registered kinds (`source=<kind>` sets it)"""
+
+    # The kind whose options this class holds (None: the group's base, no kind chosen yet).
+    for_kind: ClassVar[str | None] = None
+
+    def __post_init__(self) -> None:
+        chosen, own = self.kind, type(self).for_kind
+        if own is not None and chosen not in (None, MISSING) and chosen != own:
+            raise ConfigError(
+                f"source.kind={chosen} does not fit the options of source={own}: choose the kind "
+                f"with source={chosen}"
+            )
 
 
 @dataclass(frozen=True)
@@ -48,7 +70,7 @@ class Source(Protocol):
 
     @property
     def kind(self) -> str:
-        """`source.kind`: pydocs | local | fineweb."""
+        """`source.kind`: its registered name."""
         ...
 
     def identity(self) -> dict:

@@ -8,9 +8,10 @@ import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ...errors import ConfigError, SourceError
-from .base import Document, Part, PartSizes
+from .base import Document, Part, PartSizes, SourceConfig
 from .parquet import parquet_parts, read_parquet
 
 _OFFLINE_HINT = (
@@ -49,6 +50,20 @@ def hub_filesystem():
     return HfFileSystem()
 
 
+@dataclass
+class FineWebConfig(SourceConfig):
+    path: str | None = None
+    """source=fineweb: the hub dataset"""
+    config_name: str | None = None
+    """source=fineweb: the dataset config (sample-10BT)"""
+    revision: str | None = None
+    """source=fineweb: the pinned dataset revision (commit)"""
+    data_dir: str | None = None
+    """source=fineweb: the folder of the config's parquet files"""
+
+    for_kind = "fineweb"
+
+
 @dataclass(frozen=True)
 class FineWebSource:
     """The config's parquet files at `revision`, in file-name order (the order `datasets` streams)."""
@@ -58,7 +73,14 @@ class FineWebSource:
     data_dir: str
     revision: str
     sizes: PartSizes = field(default_factory=PartSizes)
-    kind: str = "fineweb"
+
+    name: ClassVar[str] = "fineweb"
+    config_class: ClassVar[type[SourceConfig]] = FineWebConfig
+    test_variants: ClassVar[dict[str, tuple[str, ...]]] = {"fineweb": ()}  # conf/source/fineweb.yaml pins it
+
+    @property
+    def kind(self) -> str:
+        return self.name
 
     @classmethod
     def from_config(cls, source, sizes: PartSizes) -> FineWebSource:

@@ -7,9 +7,10 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from ...errors import SourceError
-from .base import Document, Part, PartSizes
+from .base import Document, Part, PartSizes, SourceConfig
 from .jsonl import jsonl_parts, read_json_array, read_jsonl
 from .parquet import parquet_parts, read_parquet
 
@@ -71,13 +72,30 @@ def local_paths(files) -> list[Path]:
     return paths
 
 
+@dataclass
+class LocalConfig(SourceConfig):
+    files: list[str] = field(default_factory=list)
+    """source=local: parquet or jsonl files with a `text` column, read in the order given"""
+
+    for_kind = "local"
+
+
 @dataclass(frozen=True)
 class LocalSource:
     """The rows of `files` (expanded: absolute paths of data files), file after file."""
 
     files: tuple[str, ...]
     sizes: PartSizes = field(default_factory=PartSizes)
-    kind: str = "local"
+
+    name: ClassVar[str] = "local"
+    config_class: ClassVar[type[SourceConfig]] = LocalConfig
+    test_variants: ClassVar[dict[str, tuple[str, ...]]] = {
+        "local": ("source.files=[corpora/pretrain_docs.jsonl]",)  # this repository's docs (relative)
+    }
+
+    @property
+    def kind(self) -> str:
+        return self.name
 
     @classmethod
     def from_config(cls, source, sizes: PartSizes) -> LocalSource:

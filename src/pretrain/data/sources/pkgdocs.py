@@ -10,7 +10,7 @@ distribution's long description (the README in METADATA) is one more document.
 Copies are read once: a file whose content hash (RECORD's sha256, else the file's) was already
 listed, e.g. a vendored copy of another package, or whose lines mostly were (a near copy: `Copies`),
 is skipped at listing time; the cache drops any further exact duplicate texts
-(data/build/collect.py). Editable installs are left out: their code
+(data/ingest/collect.py). Editable installs are left out: their code
 lives outside the environment and changes without a new version, so the identity could not name it.
 The identity is the Python version and every distribution's name and version. `source.path` reads
 another site-packages directory instead (its distributions only, no standard library).
@@ -18,7 +18,6 @@ another site-packages directory instead (its distributions only, no standard lib
 
 from __future__ import annotations
 
-import ast
 import base64
 import functools
 import hashlib
@@ -32,28 +31,23 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import ClassVar
 
 from ...errors import SourceError
-from .base import Document, Part, PartSizes
+from .base import Document, Part, PartSizes, SourceConfig
+from .prose import c_prose, doc_prose, is_prose, module_prose
 from .pydocs import _pydoc_topics, _stdlib_dir, _stdlib_modules
 
 STDLIB = "python-stdlib"  # the standard library's entries (this Python's environment only)
 EXTRACTION = 3  # bump when what is read from a file changes: another corpus, another identity
 _DOC_SUFFIXES = {".md", ".rst", ".txt"}
 _C_SUFFIXES = {".h", ".hpp", ".cuh", ".c", ".cc", ".cpp"}  # their comments document the C/C++ API
-_C_COMMENT = re.compile(rb"/\*(.*?)\*/|//([^\n]*)", re.S)
 # Documentation files that are not prose about the code: legal text, release notes, metadata.
 _NOT_PROSE = re.compile(
     r"licen[cs]e|copying|notice|authors|contributors|changelog|changes|history|news|release|"
     r"requirements|top_level|entry_points|dependency_links|namespace_packages|sources|third.party",
     re.IGNORECASE,
 )
-_WORD = re.compile(r"[A-Za-z][a-z]*[.,;:!?)'\"]*")
-_PRAGMA = re.compile(r"(noqa|type:|pylint|fmt:|mypy:|pragma|isort:|ruff:|pyright:|-\*-|!)", re.I)
-_LEGAL = re.compile(r"copyright|licen[cs]e|spdx|warrant", re.IGNORECASE)
-_MIN_WORDS = 3  # a comment block this short says little
-_MIN_DOCSTRING = 20  # characters of a class's or function's docstring
-_PROSE_SHARE = 0.6  # of whitespace-separated tokens that are words: prose, not code or data
 _SKETCH, _NEAR, _LONG_LINE = 8, 5, 40  # near copies: 5 of a file's 8 line sketches seen before
 
 
@@ -88,13 +82,6 @@ def site_dirs() -> tuple[str, ...]:
     """The running interpreter's site-packages (purelib and platlib, once each)."""
     paths = sysconfig.get_paths()
     return tuple(dict.fromkeys(str(Path(paths[key]).resolve()) for key in ("purelib", "platlib")))
-
-
-def _is_prose(text: str, min_words: int = _MIN_WORDS) -> bool:
-    tokens = text.split()
-    if len(tokens) < min_words:
-        return False
-    return sum(bool(_WORD.fullmatch(t.lstrip("(\"'`"))) for t in tokens) >= _PROSE_SHARE * len(tokens)
 
 
 def _editable(dist: importlib.metadata.Distribution) -> bool:
@@ -224,7 +211,7 @@ def list_environment(roots: tuple[str, ...], stdlib: bool = False) -> Listing:
         described = False
         description = _description(dist)
         text = description.encode()
-        if _is_prose(description, 20) and not copies.seen(hashlib.sha256(text).hexdigest(), text):
+        if is_prose(description, 20) and not copies.seen(hashlib.sha256(text).hexdigest(), text):
             entries.append(Entry(name, "", "description"))
             described = True
         summaries.append(
@@ -242,97 +229,12 @@ def list_environment(roots: tuple[str, ...], stdlib: bool = False) -> Listing:
     return Listing(tuple(entries), tuple(summaries))
 
 
-def _string_lines(tree: ast.AST) -> set[int]:
-    """Lines inside multi-line string literals (a `#` there is text, not a comment)."""
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            end = node.end_lineno or node.lineno
-            if end > node.lineno:
-                lines.update(range(node.lineno + 1, end + 1))
-    return lines
+@dataclass
+class PkgdocsConfig(SourceConfig):
+    path: str | None = None
+    """source=pkgdocs: a site-packages directory to read (null = this Python's, its stdlib docs first)"""
 
-
-def _comment_blocks(source: str, inside_strings: set[int]) -> Iterator[tuple[int, str]]:
-    """(first line, text) of each run of full-line comments that reads as prose."""
-    block: list[str] = []
-    start = last = -2
-    for number, line in enumerate(source.splitlines(), start=1):
-        stripped = line.strip()
-        if stripped.startswith("#") and number not in inside_strings:
-            body = stripped.lstrip("#").strip()
-            if _PRAGMA.match(body):
-                continue
-            if number != last + 1 and block:
-                yield start, " ".join(block)
-                block = []
-            if not block:
-                start = number
-            if body:
-                block.append(body)
-            last = number
-    if block:
-        yield start, " ".join(block)
-
-
-def module_prose(data: bytes) -> str:
-    """A module's docstrings (each class's or function's after its name, if over 20 characters)
-    and its comment blocks that read as prose (not code commented out, not legal text), in source
-    order; a repeated passage once."""
-    try:
-        tree = ast.parse(data)
-        source = data.decode("utf-8")
-    except (SyntaxError, ValueError, UnicodeDecodeError):
-        return ""
-    pieces: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            doc = ast.get_docstring(node)
-            if doc and (node is tree or len(doc) > _MIN_DOCSTRING):  # examples and all: documentation
-                line = node.body[0].lineno if node.body else 0
-                title = "" if isinstance(node, ast.Module) else f"{node.name}\n"
-                pieces.append((line, title + doc))
-    for line, text in _comment_blocks(source, _string_lines(tree)):
-        if _is_prose(text) and not _LEGAL.search(text):
-            pieces.append((line, text))
-    pieces.sort(key=lambda piece: piece[0])
-    return "\n\n".join(dict.fromkeys(text for _, text in pieces))
-
-
-def c_prose(data: bytes) -> str:
-    """A C or C++ file's comments that read as prose (`/* */` blocks, runs of `//` lines), in order."""
-    pieces: list[str] = []
-    run: list[str] = []
-    line = position = 0
-    last = -2
-    for match in _C_COMMENT.finditer(data):
-        line += data.count(b"\n", position, match.start())
-        position = match.start()
-        block, single = match.group(1), match.group(2)
-        alone = not data[data.rfind(b"\n", 0, match.start()) + 1 : match.start()].strip()
-        if single is not None and alone and line == last + 1:
-            run.append(single.decode("utf-8", "replace").strip("/! ").strip())
-        else:
-            pieces.append(" ".join(run))
-            run = []
-            if single is not None:
-                run = [single.decode("utf-8", "replace").strip("/! ").strip()]
-            else:
-                text = block.decode("utf-8", "replace")
-                pieces.append(re.sub(r"^\s*\*+ ?", "", text, flags=re.M).strip("*! \n"))
-        last = line + (block.count(b"\n") if block is not None else 0) if alone else -2
-    pieces.append(" ".join(run))
-    kept = [p for p in pieces if _is_prose(p) and not _LEGAL.search(p)]
-    return "\n\n".join(dict.fromkeys(kept))
-
-
-def doc_prose(data: bytes) -> str:
-    """A documentation file's text when it reads as prose, else ""."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return ""
-    return text if _is_prose(text, 20) else ""
+    for_kind = "pkgdocs"
 
 
 @dataclass(frozen=True)
@@ -343,7 +245,15 @@ class PkgdocsSource:
     roots: tuple[str, ...]
     stdlib: bool = False  # this Python's environment: its standard library's docs come first
     sizes: PartSizes = field(default_factory=PartSizes)
-    kind: str = "pkgdocs"
+
+    name: ClassVar[str] = "pkgdocs"
+    config_class: ClassVar[type[SourceConfig]] = PkgdocsConfig
+    # No generic-test variant: the real environment is ~20M tokens (tests/test_pkgdocs.py builds a fake one).
+    test_variants: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    @property
+    def kind(self) -> str:
+        return self.name
 
     @classmethod
     def from_config(cls, source, sizes: PartSizes) -> PkgdocsSource:

@@ -13,9 +13,10 @@ import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from ...errors import SourceError
-from .base import Document, Part, PartSizes
+from .base import Document, Part, PartSizes, SourceConfig
 
 # Tests, demos and vendored third-party code are not the standard library's documentation.
 _SKIP_DIRS = {
@@ -70,12 +71,26 @@ def _stdlib_modules() -> tuple[Path, ...]:
     return tuple(sorted(paths, key=lambda p: p.relative_to(root).as_posix()))
 
 
+@dataclass
+class PydocsConfig(SourceConfig):
+    """source=pydocs has no options: the corpus is whatever this Python ships."""
+
+    for_kind = "pydocs"
+
+
 @dataclass(frozen=True)
 class PydocsSource:
     """The pydoc topics, then the standard library's modules in path order."""
 
     sizes: PartSizes = field(default_factory=PartSizes)
-    kind: str = "pydocs"
+
+    name: ClassVar[str] = "pydocs"
+    config_class: ClassVar[type[SourceConfig]] = PydocsConfig
+    test_variants: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    @property
+    def kind(self) -> str:
+        return self.name
 
     @classmethod
     def from_config(cls, source, sizes: PartSizes) -> PydocsSource:

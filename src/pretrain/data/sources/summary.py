@@ -9,7 +9,7 @@ from . import source_from_config
 
 if TYPE_CHECKING:
     from ...config import SourceConfig
-    from ..cache import Cache
+    from ..ingest.cache import Cache
 
 
 def source_summary(config: SourceConfig, cache: Cache) -> dict:

@@ -1,32 +1,36 @@
 """The attention backends by name, and `auto`: varlen on CUDA, sdpa elsewhere.
 
-Adding a backend: its module (an AttentionBackend), one line in REGISTRY, its conf/attn/<name>.yaml,
-and its name in the schema's AttnBackend (config.py sits below the model, so it cannot read this
-table; tests/test_attention.py checks that the three agree). An explicit backend is never silently
-replaced: one that cannot run here is a ConfigError saying what to change.
+The backends are those of `pretrain.attention_backends.BACKENDS` (the one list, torch-free, that the
+schema's choices come from): each entry names its module here, whose AttentionBackend is built once.
+An explicit backend is never silently replaced: one that cannot run here is a ConfigError saying what
+to change.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
+
 import numpy as np
 import torch
 
+from ...attention_backends import AUTO
+from ...attention_backends import BACKENDS as CATALOG
 from .base import AttentionBackend, AttentionBatch, Compile
-from .flex import FlexBackend
-from .sdpa import SdpaBackend
-from .varlen import VarlenBackend
+
+
+def _implementation(path: str) -> AttentionBackend:
+    """The backend `<module>.<Class>` of this package names (one stateless instance)."""
+    module, name = path.rsplit(".", 1)
+    return getattr(import_module(f"{__package__}.{module}"), name)()
+
 
 REGISTRY: dict[str, AttentionBackend] = {
-    backend.name: backend
-    for backend in (
-        SdpaBackend(),
-        FlexBackend(),
-        VarlenBackend(),
-    )
+    choice.name: _implementation(choice.implementation)
+    for choice in CATALOG.values()
+    if choice.implementation is not None
 }
-AUTO = "auto"
 BACKENDS = tuple(REGISTRY)
-CHOICES = (AUTO, *BACKENDS)
+CHOICES = tuple(CATALOG)
 
 
 def get_backend(name: str) -> AttentionBackend:
@@ -40,7 +44,7 @@ def get_backend(name: str) -> AttentionBackend:
 
 
 def known_backend(name: str) -> str:
-    """`name` if it is `auto` or a registered backend. The schema (AttnBackend) refuses unknown names
+    """`name` if it is `auto` or a registered backend. The schema refuses unknown names
     at composition with the user-facing error: one reaching the model is a programming error."""
     if name != AUTO and name not in REGISTRY:
         raise ValueError(f"attn.backend must be one of {', '.join((AUTO, *REGISTRY))}; got {name!r}")

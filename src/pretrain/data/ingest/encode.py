@@ -11,8 +11,8 @@ import numpy as np
 
 from ...errors import SourceError, TokenizerError
 from ..sources import Document
-from ..split import document_split
-from ..tokenizer import Encoder, TokenizerFiles, TokenizersEncoder, build_encoder
+from .split import document_split
+from .tokenizer import Encoder, TokenizerFiles, TokenizersEncoder, build_encoder
 
 CROSS_CHECK_DOCUMENTS = 100  # tiktoken builds: documents re-encoded with `tokenizers` (per build)
 CROSS_CHECK_RATE = 16  # ... picked among every 16th document by digest, then 1 in 4096 thereafter

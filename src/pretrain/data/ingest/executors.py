@@ -35,9 +35,9 @@ from pathlib import Path
 
 from ...errors import CacheError, PretrainError
 from ..sources import Document, Part, Source, documents
-from ..tokenizer import TokenizerFiles, build_encoder
 from .collect import BuildStats
 from .encode import CrossCheck, Encoded, cached_encoder, encode_documents
+from .tokenizer import TokenizerFiles, build_encoder
 
 BATCH_CHARS = 1 << 20  # in-process: texts encoded at once (~250k tokens)
 QUEUE_DEPTH = 4  # encoded parts a worker may be ahead of the writer

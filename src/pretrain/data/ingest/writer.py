@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CacheError
-from .files import sha256_file
+from ...errors import CacheError
+from ..files import sha256_file
 
 
 class TokenDtype(StrEnum):

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ..errors import ConfigError
-from .sources.base import PartSizes, Source
+from ...errors import ConfigError
+from ..sources.base import PartSizes, Source
 
 
 class Encoder(StrEnum):

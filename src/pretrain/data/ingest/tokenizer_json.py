@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tokenizers import Tokenizer
 
-from ..errors import TokenizerError
-from ..gpt2 import GPT2_VOCAB_SIZE
-from .files import sha256_file
+from ...errors import TokenizerError
+from ...gpt2 import GPT2_VOCAB_SIZE
+from ..files import sha256_file
 from .tokenizer import Encoder, TokenizerFiles, _byte_decoder, resolve_files
 
 if TYPE_CHECKING:
-    from ..config import TokenizerConfig
+    from ...config import TokenizerConfig
 
 SOURCES = ("file", "hub_file")
 EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .batch import PackedBatch, gather_packed, gather_padded
-from .chunking import ChunkTable, chunk_table
-from .packing import best_fit_decreasing
-from .tokens import TokenSplit
+from pretrain.data.batch import PackedBatch, gather_packed, gather_padded
+from pretrain.data.chunking import ChunkTable, chunk_table
+from pretrain.data.packing import best_fit_decreasing
+from pretrain.data.tokens import TokenSplit
 
 
 def fineweb_like_lengths(count: int, seed: int = 0, mu: float = 6.0, sigma: float = 1.0) -> np.ndarray:

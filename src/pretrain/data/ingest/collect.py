@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..writer import SplitWriter
 from .encode import Encoded
+from .writer import SplitWriter
 
 
 @dataclass

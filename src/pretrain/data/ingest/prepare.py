@@ -18,21 +18,12 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from ..errors import CacheError
-from ..fileio import fsync_dir
-from .build.builder import build_cache
-from .cache import (
-    REBUILD_HINT,
-    Cache,
-    CacheSpec,
-    Verification,
-    check_cache,
-    manifest_checksum,
-    read_manifest,
-    record_built,
-    write_manifest,
-)
-from .files import writable_dir
+from ...errors import CacheError
+from ...fileio import fsync_dir
+from ..files import writable_dir
+from .builder import build_cache
+from .cache import REBUILD_HINT, Cache, CacheSpec, manifest_checksum, read_manifest, write_manifest
+from .verify import Verification, check_cache, record_built
 from .writer import SplitWriter
 
 

@@ -27,12 +27,12 @@ import numpy as np
 
 from ...errors import CacheError
 from ...fileio import atomic_write, remove_stale_temporaries, sha256_file, write_text_atomic
-from ..cache import CacheSpec
-from ..prepare_settings import resolve_num_proc
 from ..sources import source_from_config
+from .cache import CacheSpec
 from .collect import BuildStats
 from .encode import Encoded
 from .executors import Job, encoded_parts
+from .prepare_settings import resolve_num_proc
 from .progress import progress_bar
 
 PART_FILE_FORMAT = 1

@@ -18,15 +18,34 @@ from pathlib import Path
 
 from ... import __version__
 from ...errors import SourceError
-from ..cache import SPLITS, CacheSpec, new_manifest, write_manifest
-from ..prepare_settings import resolve_num_proc
 from ..sources import source_from_config
-from ..writer import SplitWriter
+from .cache import SPLITS, CacheSpec, new_manifest, write_manifest
 from .collect import BuildStats, Collector
 from .encode import Encoded
 from .executors import Job, encoded_parts
+from .prepare_settings import resolve_num_proc
 from .progress import progress_bar
 from .staging import staged_parts
+from .writer import SplitWriter
+
+
+def _encoded(spec: CacheSpec, source, stats: BuildStats) -> Iterator[Encoded]:
+    """The encoded parts in source order: the tasks' staged part files (prepare.tasks > 1), else the
+    source encoded here (in process or by spawned workers)."""
+    settings = spec.prepare
+    if settings.tasks > 1:
+        return staged_parts(spec, stats)
+    else:
+        job = Job(
+            source=source,
+            tokenizer_files=spec.tokenizer_files,
+            split=spec.identity["split"],
+            dtype=str(spec.identity["dtype"]),
+            encoder=settings.encoder,
+            workers=resolve_num_proc(settings, source),
+            parent_pid=os.getpid(),
+        )
+        return encoded_parts(job, stats, per_part=False)
 
 
 def build_cache(spec: CacheSpec, directory: Path, *, progress: bool = True) -> dict:
@@ -48,19 +67,7 @@ def build_cache(spec: CacheSpec, directory: Path, *, progress: bool = True) -> d
     try:
         with progress_bar(progress) as bar:
             line = bar.add_task("prepare", total=total, docs=0, rate=0.0)
-            if settings.tasks > 1:
-                parts: Iterator[Encoded] = staged_parts(spec, stats)
-            else:
-                job = Job(
-                    source=source,
-                    tokenizer_files=spec.tokenizer_files,
-                    split=spec.identity["split"],
-                    dtype=str(spec.identity["dtype"]),
-                    encoder=settings.encoder,
-                    workers=resolve_num_proc(settings, source),
-                    parent_pid=os.getpid(),
-                )
-                parts = encoded_parts(job, stats, per_part=False)
+            parts = _encoded(spec, source, stats)
             try:
                 for part in parts:
                     stop = collector.add(part)
@@ -84,7 +91,14 @@ def build_cache(spec: CacheSpec, directory: Path, *, progress: bool = True) -> d
             writer.abort()
         raise
     splits = {s: w.close() for s, w in writers.items()}
-    build = {
+    manifest = new_manifest(spec, splits, _build_record(spec, stats, started))
+    write_manifest(directory, manifest)
+    return manifest
+
+
+def _build_record(spec: CacheSpec, stats: BuildStats, started: float) -> dict:
+    """The manifest's `build` entry: what the build read, skipped and took, and with what."""
+    return {
         "documents_read": stats.read,
         "duplicates_skipped": stats.duplicates,
         "empty_skipped": stats.empty,
@@ -99,6 +113,3 @@ def build_cache(spec: CacheSpec, directory: Path, *, progress: bool = True) -> d
         "pretrain_version": __version__,
         "python": sys.version.split()[0],
     }
-    manifest = new_manifest(spec, splits, build)
-    write_manifest(directory, manifest)
-    return manifest

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from ..errors import TokenizerError
-from ..gpt2 import EOS_TEXT, EOS_TOKEN_ID
-from .files import sha256_file
+from ...errors import TokenizerError
+from ...gpt2 import EOS_TEXT, EOS_TOKEN_ID
+from ..files import sha256_file
 
 if TYPE_CHECKING:
-    from ..config import TokenizerConfig
+    from ...config import TokenizerConfig
 
 __all__ = [
     "EOS_TEXT",

@@ -1,0 +1,94 @@
+"""The typed config, by job: `schema` (the root and the train group) and `groups` (the other groups),
+`plugin_groups` (data, attn and source, typed by the chosen plug-in), `compose` (Hydra's compose with
+the schema, `to_config`), `migrate` (every old key and old state read in today's schema) and
+`reference` (docs/config.md, generated from the fields' docstrings).
+
+The run's entry turns the composed `DictConfig` into these dataclasses once (`to_config`) and builds
+the settings objects of the data, model and training code from them; nothing below the entry reads
+Hydra's config.
+"""
+
+from ..attention_backends import AttnConfig
+from ..data.ingest.prepare_settings import Encoder
+from ..data.ingest.writer import TokenDtype
+from ..data.policies import DataConfig, PadTo, Strategy
+from ..data.sources import SourceConfig
+from .checks import SEED_RANGE
+from .compose import (
+    UnknownKeyError,
+    check_choices,
+    check_known_keys,
+    config_dir,
+    load_config,
+    to_config,
+    with_group_option,
+)
+from .groups import (
+    DEFAULT_SPLIT_SEED,
+    DEFAULT_VALIDATION_FRACTION,
+    BudgetConfig,
+    CacheConfig,
+    ComponentConfig,
+    LoggerConfig,
+    LoggerKind,
+    MixtureConfig,
+    ModelConfig,
+    PrepareConfig,
+    SplitConfig,
+    TokenizerConfig,
+    TokenizerSource,
+    TrainerConfig,
+    VerifyMode,
+)
+from .migrate import upgrade_run_config, upgrade_sampler_state
+from .plugin_groups import GROUPS, TypedGroup, group_schema, group_schemas, register_schema
+from .reference import field_docs, markdown_reference, schema_rows
+from .schema import CONFIG_NAME, SCHEMA_NAME, Config, TrainConfig, default_warmup
+
+__all__ = [
+    "CONFIG_NAME",
+    "DEFAULT_SPLIT_SEED",
+    "DEFAULT_VALIDATION_FRACTION",
+    "GROUPS",
+    "SCHEMA_NAME",
+    "SEED_RANGE",
+    "AttnConfig",
+    "BudgetConfig",
+    "CacheConfig",
+    "ComponentConfig",
+    "Config",
+    "DataConfig",
+    "Encoder",
+    "LoggerConfig",
+    "LoggerKind",
+    "MixtureConfig",
+    "ModelConfig",
+    "PadTo",
+    "PrepareConfig",
+    "SourceConfig",
+    "SplitConfig",
+    "Strategy",
+    "TokenDtype",
+    "TokenizerConfig",
+    "TokenizerSource",
+    "TrainConfig",
+    "TrainerConfig",
+    "TypedGroup",
+    "UnknownKeyError",
+    "VerifyMode",
+    "check_choices",
+    "check_known_keys",
+    "config_dir",
+    "default_warmup",
+    "field_docs",
+    "group_schema",
+    "group_schemas",
+    "load_config",
+    "markdown_reference",
+    "register_schema",
+    "schema_rows",
+    "to_config",
+    "upgrade_run_config",
+    "upgrade_sampler_state",
+    "with_group_option",
+]
