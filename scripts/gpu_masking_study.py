@@ -30,7 +30,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 STARTED = time.monotonic()  # the budget counts from here, before torch is imported
@@ -41,6 +41,7 @@ WEIGHT_DECAY = 0.1
 BETAS = (0.9, 0.95)
 GRAD_CLIP = 1.0
 MIN_LR_RATIO = 0.1
+EVAL_PACKING_BUFFER = 64  # train.eval_packing_buffer's default: validation packed as train.py packs it
 WARMUP_SHARE = 0.05
 VALIDATIONS = 6  # per run, the last at its final update: compare averages the last two
 SAFETY = 0.9  # of the time left after calibration that the plan may fill
@@ -159,7 +160,7 @@ def lr_factor(step: int, warmup: int, max_steps: int, min_ratio: float = MIN_LR_
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-# --- the carried cache, read without pretrain.data.cache (which needs `tokenizers`) ---------------
+# --- the carried cache, read without pretrain.data.ingest.cache (which needs `tokenizers`) ---------------
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ class CarriedCache:
     directory: Path
     manifest: dict
     floors: dict | None
+    packs: Path | None = None  # where the concat windows are built once for every run (not in the cache)
 
 
 def find_cache(path: Path) -> Path:
@@ -245,6 +247,7 @@ def policy_settings(setup: Setup, document_mask: bool, seed: int):
         seed=seed,
         batch_size=setup.batch_size,
         eval_microbatch_tokens=setup.eval_tokens,
+        eval_packing_buffer=EVAL_PACKING_BUFFER,
         val_batches=None,
         accumulation=1,
     )
@@ -322,8 +325,8 @@ class Arm:
         self.setup, self.document_mask, self.seed = setup, document_mask, seed
         self.device = torch.device(setup.device)
         self.settings = policy_settings(setup, document_mask, seed)
-        packs = cache.directory / "packs"  # the concat windows, built once for every run when writable
-        packs_dir = packs if writable_dir(cache.directory) else None
+        # The carried cache stays as carried (its size is the budget); the windows go beside the output.
+        packs_dir = cache.packs if cache.packs is not None and writable_dir(cache.packs.parent) else None
         self.sampler = build_sampler(self.settings, splits["train"], packs_dir=packs_dir)
         self.validation = splits["validation"]
         self.chunks = evaluation_chunks(self.validation, setup.max_seq_len, setup.validation_pairs)
@@ -552,9 +555,9 @@ def run_study(
     cut_at = math.inf if dry_run else deadline
     if setup.device == "cuda" and not torch.cuda.is_available():
         raise StudyError("no CUDA device: run it on the GPU box, or --dry-run on this machine")
-    cache = open_carried(cache_path)
-    splits = {name: cache_split(cache, name) for name in ("train", "validation")}
     output.mkdir(parents=True, exist_ok=True)
+    cache = replace(open_carried(cache_path), packs=output / ".packs")
+    splits = {name: cache_split(cache, name) for name in ("train", "validation")}
     calibration = calibrate(setup, cache, splits, calibration_seconds, clock)
     seconds_left = deadline - clock()
     plan = plan_study(

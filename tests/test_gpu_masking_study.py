@@ -111,6 +111,7 @@ def test_schedule_and_defaults_are_train_pys():
     assert list(study.BETAS) == list(defaults.betas)
     assert study.GRAD_CLIP == defaults.grad_clip
     assert study.MIN_LR_RATIO == defaults.min_lr_ratio
+    assert study.EVAL_PACKING_BUFFER == defaults.eval_packing_buffer
     factor = lr_lambda(7, 100, 0.1)
     for step in (0, 3, 6, 7, 8, 50, 99, 100, 120):
         assert math.isclose(study.lr_factor(step, 7, 100), factor(step))
@@ -147,10 +148,14 @@ def test_study_with_a_fake_clock_writes_what_compare_reads(small_cache, tmp_path
 
     cache, floors = small_cache
     output = tmp_path / "study"
+    carried = sorted(p.relative_to(cache.directory) for p in cache.directory.rglob("*"))
     result = study.run_study(
         TINY, cache.directory, output, seconds=14.0, calibration_seconds=2.0, clock=FakeClock(0.05)
     )
     assert result["status"] == "completed"
+    # The carried cache is left as carried (its size is the budget); the windows went beside the runs.
+    assert sorted(p.relative_to(cache.directory) for p in cache.directory.rglob("*")) == carried
+    assert (output / ".packs").is_dir()
     calibration = result["calibration"]
     assert calibration["validation_seconds"] == pytest.approx(0.05)
     plan = study.plan_study(
@@ -163,7 +168,7 @@ def test_study_with_a_fake_clock_writes_what_compare_reads(small_cache, tmp_path
         validations=TINY.validations,
     )
     assert result["plan"] == dataclasses.asdict(plan)
-    names = sorted(p.name for p in output.iterdir() if p.is_dir())
+    names = sorted(p.name for p in output.iterdir() if p.is_dir() and not p.name.startswith("."))
     assert names == [f"mask{m}-seed{s}" for m in ("false", "true") for s in range(4)]
     steps = study.validation_steps(plan.updates, plan.val_every)
     from pretrain.training.run_record import load_run
@@ -214,7 +219,11 @@ def test_a_deadline_keeps_whole_pairs(small_cache, tmp_path, monkeypatch):
     )
     assert result["status"] == "stopped at the deadline in seed 1: 1 pairs"
     assert [(r["seed"], r["document_mask"]) for r in result["runs"]] == [(0, True), (0, False)]
-    assert sorted(p.name for p in output.iterdir()) == ["maskfalse-seed0", "masktrue-seed0", "study.json"]
+    assert sorted(p.name for p in output.iterdir() if not p.name.startswith(".")) == [
+        "maskfalse-seed0",
+        "masktrue-seed0",
+        "study.json",
+    ]
 
 
 # Not on the GPU box (it has torch, Lightning, numpy, pyarrow and tiktoken): the script imports none.
