@@ -385,12 +385,7 @@ def init_from(model: Decoder, directory: Path | str, extend_positions: bool = Fa
         return _init_llama_from(model, directory)
     weights = from_hf_state_dict(_read_weights(directory))
     own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
-    if missing or unexpected:
-        raise ConfigError(
-            f"model.init_from={directory}: weights do not match GPT-2's layout "
-            f"(missing {missing[:4]}, unexpected {unexpected[:4]})"
-        )
+    _check_layout(directory, own, weights, "GPT-2's layout")
     for key, value in weights.items():
         target = own[key]
         if key == "wpe.weight" and value.shape[0] != target.shape[0]:
@@ -412,17 +407,22 @@ def init_from(model: Decoder, directory: Path | str, extend_positions: bool = Fa
     return model
 
 
+def _check_layout(directory: Path, own: dict, weights: dict, layout: str) -> None:
+    """The directory's tensor names are the model's, no more and no fewer."""
+    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
+    if missing or unexpected:
+        raise ConfigError(
+            f"model.init_from={directory}: weights do not match {layout} "
+            f"(missing {missing[:4]}, unexpected {unexpected[:4]})"
+        )
+
+
 @torch.no_grad()
 def _init_llama_from(model: Llama, directory: Path) -> Llama:
     """Copy a LlamaForCausalLM directory's weights into our Llama (every tensor, same shapes)."""
     weights = hf_llama.from_hf_state_dict(_read_weights(directory), model.config.tie_embeddings)
     own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
-    if missing or unexpected:
-        raise ConfigError(
-            f"model.init_from={directory}: weights do not match the Llama layout "
-            f"(missing {missing[:4]}, unexpected {unexpected[:4]})"
-        )
+    _check_layout(directory, own, weights, "the Llama layout")
     for key, value in weights.items():
         if value.shape != own[key].shape:
             raise ConfigError(

@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from ...errors import TokenizerError
 from ...gpt2 import GPT2_VOCAB_SIZE
 from ..files import sha256_file
-from .tokenizer import Encoder, TokenizerFiles, _byte_decoder, resolve_files
+from .tokenizer import TokenizerFiles, TokenizersEncoder, _byte_decoder, resolve_files
 
 if TYPE_CHECKING:
     from ...config import TokenizerConfig
@@ -119,21 +119,14 @@ def _uses_byte_level(config: dict) -> bool:
     return '"ByteLevel"' in text
 
 
-class JsonEncoder(Encoder):
-    """Document bodies through the tokenizer.json with `tokenizers` (no template, specials as text)."""
-
-    name = "tokenizers"
+class JsonEncoder(TokenizersEncoder):
+    """Document bodies through the tokenizer.json with `tokenizers` (no template, specials as text):
+    GPT-2's `tokenizers` encoder on another tokenizer, closed by its own EOS."""
 
     def __init__(self, files: TokenizerJson):
         self.tokenizer = files.build()
         self.eos_token_id = files.eos_token_id
         self._encode_batch = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
-
-    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        encodings = self._encode_batch(texts, add_special_tokens=False)
-        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-        ids = np.fromiter((i for e in encodings for i in e.ids), dtype=np.uint32, count=int(lengths.sum()))
-        return ids, lengths
 
 
 def _eos_from_files(path: Path, tokenizer: Tokenizer) -> str | None:
