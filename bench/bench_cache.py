@@ -33,9 +33,9 @@ from pretrain.data.ingest.cache import (
     disk_bytes,
     identity_key,
     manifest_checksum,
-    read_index,
     write_manifest,
 )
+from pretrain.data.index import read_index
 from pretrain.data.ingest.verify import check_cache, record_built
 from pretrain.data.ingest.writer import SplitWriter
 from pretrain.data.tokens import EOS_TOKEN_ID

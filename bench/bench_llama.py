@@ -28,7 +28,8 @@ from pretrain.data.ingest.prepare import prepare_cache
 from pretrain.data.policies import PolicySettings
 from pretrain.data.samplers import build_sampler
 from pretrain.model import build_model, config_from_settings
-from pretrain.training.run import train, with_tokenizer_vocab
+from pretrain.training.run import train
+from pretrain.training.startup import with_tokenizer_vocab
 
 NAME = "llama"
 STEPS = 10

@@ -28,6 +28,15 @@ def _load(path: Path):
     return module
 
 
+def benchmarks() -> list[Path]:
+    """Every bench/bench_<name>.py, in name order; each defines NAME = "<name>" and run()."""
+    return sorted(BENCH_DIR.glob("bench_*.py"))
+
+
+def name_of(path: Path) -> str:
+    return path.stem.removeprefix("bench_")
+
+
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
@@ -51,11 +60,17 @@ def main(argv: list[str]) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     wanted = set(argv)
     console = Console(width=None if sys.stdout.isatty() else 180)
-    for path in sorted(BENCH_DIR.glob("bench_*.py")):
+    paths = benchmarks()
+    unknown = wanted - {p.stem for p in paths} - {name_of(p) for p in paths}
+    if unknown:
+        names = ", ".join(name_of(p) for p in paths)
+        print(f"error: no benchmark {', '.join(sorted(unknown))}; choose from {names}", file=sys.stderr)
+        return 2
+    for path in paths:
+        if wanted and name_of(path) not in wanted and path.stem not in wanted:
+            continue  # only the named ones are imported: one benchmark's imports cannot stop another
         module = _load(path)
-        name = getattr(module, "NAME", path.stem.removeprefix("bench_"))
-        if wanted and name not in wanted and path.stem not in wanted:
-            continue
+        name = module.NAME
         console.rule(f"[bold]{name}")
         started = time.perf_counter()
         result = module.run()
