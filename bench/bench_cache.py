@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from synthetic import fineweb_like_lengths
 
+from pretrain.data.index import read_index
 from pretrain.data.ingest.cache import (
     FORMAT_VERSION,
     SPLITS,
@@ -35,7 +36,6 @@ from pretrain.data.ingest.cache import (
     manifest_checksum,
     write_manifest,
 )
-from pretrain.data.index import read_index
 from pretrain.data.ingest.verify import check_cache, record_built
 from pretrain.data.ingest.writer import SplitWriter
 from pretrain.data.tokens import EOS_TOKEN_ID

@@ -19,6 +19,7 @@ from pretrain.data.ingest.tokenizer import (
     EOS_TEXT,
     EOS_TOKEN_ID,
     TokenizerError,
+    TokenizerFiles,
     build_tokenizer,
     bundled_files,
     load_tokenizer,
@@ -202,3 +203,26 @@ def test_token_byte_lengths_add_up_to_the_utf8_bytes_of_the_text(corpus_texts):
     ]:
         ids = tokenizer.encode(text, add_special_tokens=False).ids
         assert int(lengths[ids].sum()) == len(text.encode("utf-8"))
+
+
+def test_known_gpt2_files_give_what_parsing_them_gives():
+    """KNOWN_FILES spares a run the parse of GPT-2's files; each entry is what the parse gives."""
+    from pretrain.data.ingest import tokenizer as tokenizer_module
+
+    files = bundled_files()
+    stat = lambda p: (str(p), p.stat().st_size, p.stat().st_mtime_ns)  # noqa: E731
+    parsed = tokenizer_module._content_sha256(stat(files.vocab), stat(files.merges))
+    largest = max(json.loads(files.vocab.read_text(encoding="utf-8")).values())
+    assert files.known() == (parsed, largest)
+    assert files.content_sha256() == parsed
+
+
+def test_files_with_other_bytes_are_parsed_for_their_identity(tmp_path):
+    """One byte of whitespace more: not the known files, parsed, and the same tokenizer's identity."""
+    bundled = bundled_files()
+    vocab, merges = tmp_path / "vocab.json", tmp_path / "merges.txt"
+    vocab.write_bytes(bundled.vocab.read_bytes() + b"\n")
+    merges.write_bytes(bundled.merges.read_bytes())
+    other = TokenizerFiles(vocab=vocab, merges=merges, origin="files")
+    assert other.known() is None
+    assert other.content_sha256() == bundled.content_sha256()

