@@ -46,7 +46,7 @@ TARGETS = {"whole process": 1.5, "launch to first step": 1.2, "peak RSS": 1.05}
 # project's order; each process's own order decides what a phase added to its peak.
 PHASES = [
     ("imports", "imports", "torch and the model; the project also Lightning, Hydra, its package"),
-    ("config", None, "composed (twice: train.py's checks, then Hydra's), typed, checked"),
+    ("config", None, "composed by Hydra (twice: its mode, then the run), checked and typed once"),
     ("model", "model", "the GPT built (the project: inside its LightningModule)"),
     ("cache verified", None, "the cache's manifest and files checked (quick)"),
     ("data", "batches", "project: the cache mapped, plans, validation pairs; peer: the saved batches"),

@@ -11,6 +11,7 @@ import shutil
 
 from omegaconf import DictConfig
 
+from .. import startup_collector
 from ..checkpoint_files import remove_killed_writes
 from ..config import Config
 from ..errors import PretrainError
@@ -45,6 +46,7 @@ def train(cfg: DictConfig | Config, callbacks=(), plot_run: PlotRun | None = Non
 def _train(cfg: DictConfig | Config, callbacks, signals: Signals, plot_run: PlotRun | None) -> dict:
     quiet_lightning()
     run = RunSettings.from_config(cfg)  # schema, device and ckpt_path checks: nothing written yet
+    startup_collector.resume()  # imports and config done: start-up's objects frozen, collector on
     output_dir = run.output_dir
     fresh = not output_dir.exists() or claimed_here(output_dir)
     lock = RunLock(output_dir).acquire() if is_rank_zero() else None  # creates the directory

@@ -1,0 +1,197 @@
+"""What `python train.py` checks before Hydra writes anything: the config (a bad override, an unknown
+key or option, a value out of range), the device and attention backend this machine has, the sources'
+keys, and the run directory (creatable; an existing one locked, and not another run's checkpoints
+replaced). A refusal is one `error:` line with exit 2, and no run directory is made.
+
+A single run is checked on the config Hydra composed for it: `CheckBeforeRun` is a Hydra callback
+(conf/train.yaml's `hydra.callbacks`) whose `on_run_start` runs after Hydra's composition and before
+`run_job` makes the directory. It hands the typed config on to the job (`checked_config`), so a run
+composes and types its config once (each composition is ~0.1 s of start-up; bench_fixed_costs.py).
+A multirun (`-m`/`--multirun`) is checked by `check_overrides` for every job's config (sweep.py
+expands it as Hydra would) before Hydra makes the sweep directory: no job starts when any job would be
+refused. `check_overrides` also checks a single run's command line without Hydra (tests, and the
+report of a composition error, which has no config to hand the callback).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from .config import Config
+from .errors import WriteError, exit_on_user_error
+
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+_checked: Config | None = None  # the single run's typed config, from on_run_start to its job
+
+
+class CheckBeforeRun(Callback):
+    """Hydra's `on_run_start` (a single run; after composition, before its directory): the checks."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global _checked
+        from hydra.core.hydra_config import HydraConfig
+
+        given = config.hydra.overrides  # the command line, hydra.* apart from the job's own
+        overrides = [*given.hydra, *given.task]
+        HydraConfig.instance().set_config(config)  # as run_job does: `${hydra:...}` resolves
+        job = OmegaConf.masked_copy(config, [str(key) for key in config if key != "hydra"])
+        try:
+            with exit_on_user_error():
+                _checked = check_single_run(job, overrides)
+        except Exception:  # Hydra would make it a warning and run the job: a bug stops the run here
+            traceback.print_exc()
+            raise SystemExit(1) from None
+
+
+def checked_config(cfg: DictConfig) -> DictConfig | Config:
+    """The job's config, typed once: the one `CheckBeforeRun` checked, else `cfg` as Hydra gives it."""
+    global _checked
+    typed, _checked = _checked, None
+    return typed if typed is not None else cfg
+
+
+def check_single_run(cfg: DictConfig, overrides: list[str]) -> Config:
+    """Every check of one run on its composed config; returns it typed."""
+    from .config import check_choices, check_known_keys, to_config
+
+    check_choices(cfg)
+    check_known_keys(cfg)
+    config = to_config(cfg)
+    directory = check_run_dir(overrides)
+    check_job(config)
+    note_new_outputs(overrides)
+    if directory is not None:
+        lock_run_dir(directory, config)
+    return config
+
+
+def check_overrides(argv: list[str]) -> None:
+    """The checks of `python train.py argv` composed here: a single run's (as `CheckBeforeRun` does
+    them), or every job's of a multirun. Hydra's other flags (--cfg, --info, ...) are Hydra's."""
+    multirun = any(arg in MULTIRUN_FLAGS for arg in argv)
+    overrides = [arg for arg in argv if arg not in MULTIRUN_FLAGS]
+    if any(arg.startswith("-") for arg in overrides):
+        return
+    from .config import load_config, to_config
+
+    with exit_on_user_error():
+        if not multirun:
+            check_single_run(load_config(overrides), overrides)
+            return
+        from .sweep import check_jobs, sweep_jobs
+
+        jobs = sweep_jobs(overrides)
+        if jobs is None:  # another sweeper than the basic one: its jobs are its own
+            return
+        check_run_dir(overrides, multirun=True)
+        check_jobs(jobs, lambda cfg: check_job(to_config(cfg)))
+        note_new_outputs(overrides)
+
+
+def check_job(config: Config) -> None:
+    """The device and attention backend the run asks for exist here (trainer=gpu without CUDA, flex
+    training on CPU, varlen without CUDA bf16), refused before Lightning is imported; a mixture's
+    policy and every source's keys (nothing hashed)."""
+    from .data.mixture import check_sources
+    from .training.checks import attention_backend
+
+    attention_backend(config.attn, config.trainer)
+    check_sources(config)
+
+
+def lock_run_dir(directory: Path, config: Config) -> None:
+    """An existing run directory (hydra.run.dir=DIR, a SLURM job's) is locked before Hydra writes its
+    `.hydra/` files and train.log into it, and a fresh run there must not replace another run's
+    checkpoints: a refused run leaves the live run's files as they were."""
+    from .training.rundir import check_fresh_start, hold_run_dir, is_rank_zero
+
+    if not is_rank_zero():  # the other ranks are rank 0's own job
+        return
+    hold_run_dir(directory)  # held until the process ends; the run's own lock shares it
+    check_fresh_start(directory, config.ckpt_path, config.start_over)
+
+
+def note_new_outputs(argv: list[str]) -> None:
+    """Runs go under ./outputs of the working directory: one line when that folder is new (a run
+    started from another directory than the project's), so its runs are not looked for in vain."""
+    if (
+        any(arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for arg in argv)
+        or Path("outputs").exists()
+    ):
+        return
+    print(
+        f"note: new outputs/ folder in {Path.cwd()} (runs go under the working directory); "
+        "run from the project to keep its runs together, or set hydra.run.dir=DIR",
+        file=sys.stderr,
+    )
+
+
+def _override_value(override: str) -> str:
+    """The value of `key=value` as Hydra reads it (quotes and escapes as its grammar has them)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        (parsed,) = OverridesParser.create().parse_overrides([override])
+        return str(parsed.value())
+    except Exception:  # Hydra itself reports a malformed override, in one line
+        return override.split("=", 1)[1].strip("'\"")
+
+
+def check_run_dir(argv: list[str], multirun: bool = False) -> Path | None:
+    """The run directory (hydra.run.dir, a multirun's hydra.sweep.dir, else under ./outputs) must be
+    creatable: refused in one line here rather than as Hydra's traceback when it makes the directory.
+    Returns a single run's directory when it is known before Hydra resolves it (hydra.run.dir=DIR, a
+    SLURM job's), else None (a new one, or a sweep's)."""
+    from .training.rundir import slurm_job_id
+
+    key = "hydra.sweep.dir=" if multirun else "hydra.run.dir="
+    given = [_override_value(arg) for arg in argv if arg.startswith(key)]
+    explicit = bool(given) and "${" not in given[-1]
+    job = slurm_job_id()
+    known = Path(given[-1]) if explicit else Path("outputs") / f"slurm-{job}" if job and not given else None
+    target = Path(given[-1]) if explicit else Path("outputs")
+    existing = target.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise WriteError(
+            f"cannot create the run directory {target}: {existing} is not a writable folder; "
+            f"run elsewhere with {key}DIR"
+        )
+    failed = _cannot_write_in(existing)  # root passes os.access on /sys; a full disk passes it too
+    if failed is not None:
+        import errno
+
+        free = "free disk space or " if failed.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        raise WriteError(
+            f"cannot create the run directory {target}: cannot write in {existing} "
+            f"({failed.strerror or failed}); {free}run elsewhere with {key}DIR"
+        )
+    return None if multirun else known
+
+
+def _cannot_write_in(folder: Path) -> OSError | None:
+    """The error a file of Hydra's config's size meets in `folder` (None: it can be written): tried,
+    then removed, so a full disk or a pseudo file system is one line here, not Hydra's traceback."""
+    probe = folder / f".write-test-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as error:
+        return error
+    try:
+        os.write(fd, b"\0" * 16384)
+        os.fsync(fd)
+    except OSError as error:
+        return error
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+    return None
