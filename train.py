@@ -58,6 +58,9 @@ def run() -> None:
     if any(arg in HELP_FLAGS for arg in argv):
         show_help(main)
     if any(arg in MULTIRUN_FLAGS for arg in argv):
+        # A sweep composes every job's config here: each leaves garbage cycles (OmegaConf's parent
+        # links) that a paused collector would keep for the whole sweep.
+        startup_collector.resume()
         check_overrides(argv)  # every job's config, before Hydra makes the sweep directory
         main()
         return

@@ -6,9 +6,11 @@ mode: it verifies the cache, plans, trains, validates at the last step, writes l
 and its comparison plot). The peer: bench/peer_loop.py in a fresh process, a hand-written loop that
 imports torch and the model and trains the same GPT on the same batches (the updates and validation
 batches a project run trained on, saved once here), validates after the last update and saves a
-checkpoint. Both are warmed once (the cache, the OS's page cache), then taken in turn for ROUNDS
-rounds, the order flipped every round (a shared machine's load hits both alike); each ratio is per
-round, reported as median [min, max] over the rounds, with the load average seen.
+checkpoint. A third arm is the project with the collector on through its start-up
+(bench/collector_on.py): what train.py's start-up collector pause saves. All are warmed once (the
+cache, the OS's page cache), then taken in turn for ROUNDS rounds, each arm first in turn (a shared
+machine's load hits all alike); each ratio is per round, reported as median [min, max] over the
+rounds, with the load average seen.
 
 Launch to first step: from just before the process starts to the moment its line for step 1 reaches
 this process (the project's progress line `step 1/2`, flushed; the peer's step event), and the
@@ -37,8 +39,11 @@ import lightning as L
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 NAME = "fixed_costs"
-ROUNDS = 4
+ROUNDS = 9  # each of the 3 arms first three times
 LADDER_ROUNDS = 2
+# Taken in turn each round, each first in turn: the run, the peer, and the run with the collector on
+# through its start-up (what src/pretrain/startup_collector.py saves).
+ARMS = ["project", "peer", "collector on"]
 MAX_STEPS = 2
 OVERRIDES = ["experiment=smoke", f"train.max_steps={MAX_STEPS}", "logger=csv"]
 TARGETS = {"whole process": 1.5, "launch to first step": 1.2, "peak RSS": 1.05}
@@ -153,8 +158,9 @@ def _spawn(command: list[str], first_step: str, stderr: Path) -> dict:
     return result
 
 
-def _project(run_dir: Path, probe: bool = False) -> dict:
+def _project(run_dir: Path, probe: bool = False, collector_on: bool = False) -> dict:
     entry = [str(BENCH / "phase_probe.py"), str(run_dir / "phases.json")] if probe else []
+    entry = [str(BENCH / "collector_on.py")] if collector_on else entry
     command = [sys.executable, *entry, "train.py", *OVERRIDES, f"hydra.run.dir={run_dir}"]
     result = _spawn(command, f"step 1/{MAX_STEPS}", run_dir.with_suffix(".stderr"))
     with open(run_dir / "metrics.csv", newline="") as handle:
@@ -230,6 +236,25 @@ def _ladder_rows(ladder: list[dict]) -> list[dict]:
     ]
 
 
+def _collector_rows(pairs: list[dict]) -> list[dict]:
+    """What the start-up collector pause buys: the project as it runs against the same project with
+    the collector on through start-up (bench/collector_on.py), in the same rounds."""
+    rows = []
+    for measure, key in (("launch to first step", "first_step"), ("peak RSS", "peak_rss_mb")):
+        paused = [p["project"][key] for p in pairs]
+        on = [p["collector on"][key] for p in pairs]
+        rows.append(
+            {
+                "measure": f"collector paused / on through start-up: {measure}",
+                "project": round(statistics.median(paused), 2),
+                "peer": round(statistics.median(on), 2),
+                "project / peer": _spread([a / b for a, b in zip(paused, on, strict=True)]),
+                "note": "peer column here: the project with the collector on (bench/collector_on.py)",
+            }
+        )
+    return rows
+
+
 def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
 
@@ -276,11 +301,13 @@ def run(rounds: int = ROUNDS) -> dict:
         _peer(batches, tmp / "warm-peer")
         pairs = []
         for i in range(rounds):
-            order = ("project", "peer") if i % 2 == 0 else ("peer", "project")
+            order = ARMS[i % len(ARMS) :] + ARMS[: i % len(ARMS)]  # each arm first in turn
             measured = {}
             for who in order:
                 if who == "project":
                     measured[who] = _project(tmp / f"project{i}")
+                elif who == "collector on":
+                    measured[who] = _project(tmp / f"collector{i}", collector_on=True)
                 else:
                     measured[who] = _peer(batches, tmp / f"peer{i}")
             measured["load"] = os.getloadavg()[0]
@@ -329,13 +356,14 @@ def run(rounds: int = ROUNDS) -> dict:
             }
         )
     validated = [p["project"]["validated_at"] for p in pairs]
+    rows += _collector_rows(pairs)
     rows += _phase_rows(probed, peer_phases)
     ladder = _ladder(LADDER_ROUNDS)
     rows += _ladder_rows(ladder)
     peak_extra = statistics.median(p["project"]["peak_rss_mb"] - p["peer"]["peak_rss_mb"] for p in pairs)
     imports_extra = sum(r["added_mb"] for r in ladder[2:])
     summary = [
-        f"{rounds} interleaved rounds (order flipped each round), 2 CPU cores shared; load average "
+        f"{rounds} interleaved rounds (each arm first in turn), 2 CPU cores shared; load average "
         f"(1 min) {min(loads):.2f}-{max(loads):.2f} during the rounds; ratios are median [min, max] of "
         "the per-round project / peer",
         *(f"{m}: {_spread(v)} (target <= {TARGETS[m]})" for m, v in ratios.items() if m in TARGETS),

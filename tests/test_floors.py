@@ -322,3 +322,22 @@ def test_compare_reads_the_caches_floors_for_a_run_json_without_them(tmp_path):
     assert run.floors == {} and cache_floors_of(run) == {}  # none stored: none invented
     stored = cache_floors(cache, BYTES)
     assert cache_floors_of(run) == stored
+
+
+def test_a_runs_floors_once_stored_need_no_table_of_the_vocabularys_bytes(tmp_path, monkeypatch):
+    """spec_floors (a run's set-up) reads stored floors without building token_byte_lengths."""
+    from types import SimpleNamespace
+
+    from pretrain.data.ingest.tokenizer import bundled_files, token_byte_lengths
+
+    spec = SimpleNamespace(tokenizer_files=bundled_files())
+    cache = hand_cache(tmp_path / "cache")
+    first = floors_module.spec_floors(spec, cache)  # none stored: computed over GPT-2's vocabulary
+    assert first == cache_floors(cache, token_byte_lengths(spec.tokenizer_files, 50257))
+    assert first["validation_bytes"] > 0 and first["unigram"] is not None
+
+    def never(*args, **kwargs):
+        raise AssertionError("built the vocabulary's byte table")
+
+    monkeypatch.setattr(floors_module, "token_byte_lengths", never)
+    assert floors_module.spec_floors(spec, cache) == first

@@ -29,8 +29,15 @@ def counted(self, *args, **kwargs):
     composed.append(kwargs.get("run_mode") or args[2])
     return load(self, *args, **kwargs)
 ConfigLoaderImpl.load_configuration = counted
-atexit.register(lambda: print("PROBE " + json.dumps(
-    {"compositions": len(composed), "enabled": gc.isenabled(), "frozen": gc.get_freeze_count()})))
+import pretrain.launch_checks as checks
+check = checks.check_overrides
+checked_with = []
+def recorded(argv):
+    checked_with.append(gc.isenabled())
+    return check(argv)
+checks.check_overrides = recorded
+atexit.register(lambda: print("PROBE " + json.dumps({"compositions": len(composed), "enabled": gc.isenabled(),
+    "frozen": gc.get_freeze_count(), "checked_with_collector": checked_with})))
 sys.argv = ["train.py", *sys.argv[1:]]
 runpy.run_path("train.py", run_name="__main__")
 """
@@ -107,6 +114,38 @@ def test_train_py_composes_only_in_hydra_and_ends_with_the_collector_on(tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
     probe = json.loads(line.removeprefix("PROBE "))
-    assert probe == {"compositions": 2, "enabled": True, "frozen": probe["frozen"]}
+    assert probe == {
+        "compositions": 2,
+        "enabled": True,
+        "frozen": probe["frozen"],
+        "checked_with_collector": [],
+    }
     assert probe["frozen"] > 100_000  # the imports' objects: torch, Lightning, Hydra
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_multirun_checks_its_jobs_with_the_collector_on(tmp_path, cache_root):
+    """A sweep's job configs are composed with the collector on (their garbage is not start-up's)."""
+    sweep = tmp_path / "sweep"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PROBE,
+            "-m",
+            *TINY_RUN,
+            "train.max_steps=2",
+            "seed=0,1",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=REPO,
+        env={**cli_env(cache_root), "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
+    probe = json.loads(line.removeprefix("PROBE "))
+    assert probe["checked_with_collector"] == [True] and probe["enabled"] is True
+    assert sorted(p.parent.name for p in sweep.glob("*/checkpoints")) == ["0", "1"]

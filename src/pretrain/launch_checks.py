@@ -37,11 +37,8 @@ class CheckBeforeRun(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         global _checked
-        from hydra.core.hydra_config import HydraConfig
-
         given = config.hydra.overrides  # the command line, hydra.* apart from the job's own
         overrides = [*given.hydra, *given.task]
-        HydraConfig.instance().set_config(config)  # as run_job does: `${hydra:...}` resolves
         job = OmegaConf.masked_copy(config, [str(key) for key in config if key != "hydra"])
         try:
             with exit_on_user_error():

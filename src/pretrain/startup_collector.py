@@ -2,14 +2,15 @@
 
 A run imports ~2,900 modules (torch, torch._dynamo, sympy, Lightning, Hydra) and composes its config
 with OmegaConf's deep copies; every full collection in that time walks the whole, still growing
-heap, which on this machine is 0.5-0.6 s of launch to first step (7 full collections,
-bench/bench_fixed_costs.py). train.py pauses the collector in its first lines (`pause`); once the
+heap: with it on, launch to first step takes 1.2x as long (bench/bench_fixed_costs.py, the
+"collector paused / on" rows). train.py pauses the collector in its first lines (`pause`); once the
 run's settings are known (its imports and config done, before any cache is built or batch made)
 `resume` moves everything alive into the permanent generation (`gc.freeze`) and turns the
 collector back on, so later collections, in the cache build and the training loop alike, walk only
-what was made after it. What start-up left as cyclic garbage stays (a few MB; the bench's peak RSS
-row says how much). Nothing happens unless `pause` was called: `train()` from a test, or a notebook,
-keeps the collector as it was.
+what was made after it. What start-up left as cyclic garbage stays (a few MB to ~20 MB: the bench's
+peak RSS row beside it). A multirun resumes before it composes its jobs' configs (their garbage is
+a sweep's, not a start-up's). Nothing happens unless `pause` was called: `train()` from a test, or a
+notebook, keeps the collector as it was.
 """
 
 from __future__ import annotations

@@ -327,4 +327,8 @@ def cache_floors(cache: Cache, token_bytes: np.ndarray, cap: int = TRAIN_TOKEN_C
 def spec_floors(spec: CacheSpec, cache: Cache) -> dict:
     """`cache_floors` over the tokenizer's whole vocabulary (every id it can produce)."""
     files = spec.tokenizer_files
-    return cache_floors(cache, token_byte_lengths(files, max_token_id(files) + 1))
+    vocab = max_token_id(files) + 1
+    stored = _stored(floors_path(cache), _computed_from(cache, vocab, TRAIN_TOKEN_CAP))
+    if stored is not None:  # a run's usual start: no table of the vocabulary's bytes to build (0.06 s)
+        return stored
+    return cache_floors(cache, token_byte_lengths(files, vocab))
