@@ -100,11 +100,10 @@ def test_resume_after_pause_freezes_start_up_and_collects_again():
         gc.enable()
 
 
-def test_train_py_composes_only_in_hydra_and_ends_with_the_collector_on(tmp_path, cache_root):
-    """Hydra composes a run twice (its mode, then the run); the checks add no composition of their
-    own, and the collector train.py paused at launch is on again, start-up frozen, when it ends."""
+def _probed_train_py(cache_root: Path, *args: str) -> dict:
+    """`python train.py args` under _PROBE: what it saw (it must succeed)."""
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, *TINY_RUN, "train.max_steps=2", f"hydra.run.dir={tmp_path / 'run'}"],
+        [sys.executable, "-c", _PROBE, *args, *TINY_RUN, "train.max_steps=2"],  # flags first (argparse)
         cwd=REPO,
         env={**cli_env(cache_root), "PYTHONPATH": str(REPO / "src")},
         capture_output=True,
@@ -113,7 +112,13 @@ def test_train_py_composes_only_in_hydra_and_ends_with_the_collector_on(tmp_path
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
-    probe = json.loads(line.removeprefix("PROBE "))
+    return json.loads(line.removeprefix("PROBE "))
+
+
+def test_train_py_composes_only_in_hydra_and_ends_with_the_collector_on(tmp_path, cache_root):
+    """Hydra composes a run twice (its mode, then the run); the checks add no composition of their
+    own, and the collector train.py paused at launch is on again, start-up frozen, when it ends."""
+    probe = _probed_train_py(cache_root, f"hydra.run.dir={tmp_path / 'run'}")
     assert probe == {
         "compositions": 2,
         "enabled": True,
@@ -127,25 +132,6 @@ def test_train_py_composes_only_in_hydra_and_ends_with_the_collector_on(tmp_path
 def test_a_multirun_checks_its_jobs_with_the_collector_on(tmp_path, cache_root):
     """A sweep's job configs are composed with the collector on (their garbage is not start-up's)."""
     sweep = tmp_path / "sweep"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _PROBE,
-            "-m",
-            *TINY_RUN,
-            "train.max_steps=2",
-            "seed=0,1",
-            f"hydra.sweep.dir={sweep}",
-        ],
-        cwd=REPO,
-        env={**cli_env(cache_root), "PYTHONPATH": str(REPO / "src")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
-    probe = json.loads(line.removeprefix("PROBE "))
+    probe = _probed_train_py(cache_root, "-m", "seed=0,1", f"hydra.sweep.dir={sweep}")
     assert probe["checked_with_collector"] == [True] and probe["enabled"] is True
     assert sorted(p.parent.name for p in sweep.glob("*/checkpoints")) == ["0", "1"]
