@@ -37,12 +37,11 @@ class CheckBeforeRun(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         global _checked
-        given = config.hydra.overrides  # the command line, hydra.* apart from the job's own
-        overrides = [*given.hydra, *given.task]
-        job = OmegaConf.masked_copy(config, [str(key) for key in config if key != "hydra"])
         try:
+            given = config.hydra.overrides  # the command line, hydra.* apart from the job's own
+            job = OmegaConf.masked_copy(config, [str(key) for key in config if key != "hydra"])
             with exit_on_user_error():
-                _checked = check_single_run(job, overrides)
+                _checked = check_single_run(job, [*given.hydra, *given.task])
         except Exception:  # Hydra would make it a warning and run the job: a bug stops the run here
             traceback.print_exc()
             raise SystemExit(1) from None

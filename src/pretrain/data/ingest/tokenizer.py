@@ -53,7 +53,8 @@ class TokenizerFiles:
 
     def known(self) -> tuple[str, int] | None:
         """(content_sha256, largest id) when these are GPT-2's files byte for byte (KNOWN_FILES)."""
-        return KNOWN_FILES.get((sha256_file(self.vocab), sha256_file(self.merges)))
+        stat = lambda p: (str(p), p.stat().st_size, p.stat().st_mtime_ns)  # noqa: E731
+        return _known(stat(self.vocab), stat(self.merges))
 
     def fingerprint(self) -> dict:
         return {
@@ -73,6 +74,12 @@ KNOWN_FILES: dict[tuple[str, str], tuple[str, int]] = {
         "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
     ): ("92dcbfaed6e6d39710ffa4486d51ade7d6c37566ccaee25e28747a6e76c9cd72", 50256),
 }
+
+
+@functools.lru_cache(maxsize=8)
+def _known(vocab: tuple, merges: tuple) -> tuple[str, int] | None:
+    """KNOWN_FILES' entry for the files' bytes, memoised on (path, size, mtime) as the parse is."""
+    return KNOWN_FILES.get((sha256_file(Path(vocab[0])), sha256_file(Path(merges[0]))))
 
 
 @functools.lru_cache(maxsize=8)
