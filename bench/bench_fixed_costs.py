@@ -1,12 +1,12 @@
 """A run's fixed costs against a minimal loop (issue 33 items 2-4): a 2-step smoke run's whole process,
 launch to its first optimizer step, and its peak RSS, each as project / peer, side by side in one run.
 
-The project: `python train.py experiment=smoke train.max_steps=2` in a fresh process (Hydra's RUN
-mode: it verifies the cache, plans, trains, validates at the last step, writes last.ckpt, run.json
-and its comparison plot). The peer: bench/peer_loop.py in a fresh process, a hand-written loop that
-imports torch and the model and trains the same GPT on the same batches (the updates and validation
-batches a project run trained on, saved once here), validates after the last update and saves a
-checkpoint. A third arm is the project with the collector on through its start-up
+The project: `python train.py experiment=smoke train.max_steps=2 train.val_every_n_steps=2` in a fresh
+process (Hydra's RUN mode: it verifies the cache, plans, trains, validates at the last step, writes
+last.ckpt, run.json and its comparison plot). The peer: bench/peer_loop.py in a fresh process, a
+hand-written loop that imports torch and the model and trains the same GPT on the same batches (the
+updates and validation batches a project run trained on, saved once here), validates after the last
+update and saves a checkpoint. A third arm is the project with the collector on through its start-up
 (bench/collector_on.py): what train.py's start-up collector pause saves. All are warmed once (the
 cache, the OS's page cache), then taken in turn for ROUNDS rounds, each arm first in turn (a shared
 machine's load hits all alike); each ratio is per round, reported as median [min, max] over the
@@ -45,7 +45,13 @@ LADDER_ROUNDS = 2
 # through its start-up (what src/pretrain/startup_collector.py saves).
 ARMS = ["project", "peer", "collector on"]
 MAX_STEPS = 2
-OVERRIDES = ["experiment=smoke", f"train.max_steps={MAX_STEPS}", "logger=csv"]
+# One validation, after the last update, as the peer does (auto would validate at both steps).
+OVERRIDES = [
+    "experiment=smoke",
+    f"train.max_steps={MAX_STEPS}",
+    f"train.val_every_n_steps={MAX_STEPS}",
+    "logger=csv",
+]
 TARGETS = {"whole process": 1.5, "launch to first step": 1.2, "peak RSS": 1.05}
 # The phases of both processes (project's probe name, peer's name or None, what it holds), in the
 # project's order; each process's own order decides what a phase added to its peak.

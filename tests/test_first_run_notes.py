@@ -12,6 +12,7 @@ from pathlib import Path
 
 from helpers import local_overrides, write_jsonl
 
+from pretrain import machine_load
 from pretrain.config import load_config, to_config
 from pretrain.data.ingest.cache import CacheSpec
 from pretrain.data.ingest.prepare import prepare_cache
@@ -46,6 +47,7 @@ def test_a_run_from_another_directory_names_its_new_outputs_folder(tmp_path, mon
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(machine_load, "load_per_cpu", lambda: 0.5)  # no busy-machine note here
     train.check_overrides(["experiment=smoke"])
     err = capsys.readouterr().err
     assert err == (

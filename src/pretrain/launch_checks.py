@@ -11,6 +11,10 @@ A multirun (`-m`/`--multirun`) is checked by `check_overrides` for every job's c
 expands it as Hydra would) before Hydra makes the sweep directory: no job starts when any job would be
 refused. `check_overrides` also checks a single run's command line without Hydra (tests, and the
 report of a composition error, which has no config to hand the callback).
+
+A launch that passes says what would waste it, once (a sweep: one line for all its jobs): a run that
+would validate fewer than twice (`warning: train.val_every_n_steps=...`), and a machine whose CPUs
+are busy with other work (`note: this machine's load is ...`: its times are not the README's).
 """
 
 from __future__ import annotations
@@ -18,16 +22,24 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from .config import Config
+from . import machine_load
+from .config import Config, TrainConfig, auto_val_every
 from .errors import WriteError, exit_on_user_error
 
+if TYPE_CHECKING:
+    from .sweep import Job
+
 MULTIRUN_FLAGS = ("-m", "--multirun")
+MIN_VALIDATIONS = 2
+"""A run validating fewer times has no val-loss curve, and compare no val loss at equal tokens."""
+_SAID: set[str] = set()  # the launch's warnings and notes said in this process
 
 _checked: Config | None = None  # the single run's typed config, from on_run_start to its job
 
@@ -66,6 +78,7 @@ def check_single_run(cfg: DictConfig, overrides: list[str]) -> Config:
     note_new_outputs(overrides)
     if directory is not None:
         lock_run_dir(directory, config)
+    say_launch_notes([config.train])
     return config
 
 
@@ -88,19 +101,73 @@ def check_overrides(argv: list[str]) -> None:
         if jobs is None:  # another sweeper than the basic one: its jobs are its own
             return
         check_run_dir(overrides, multirun=True)
-        check_jobs(jobs, lambda cfg: check_job(to_config(cfg)))
+        configs = check_jobs(jobs, lambda cfg: check_job(to_config(cfg)))
         note_new_outputs(overrides)
+        say_launch_notes([config.train for config in configs], jobs)
 
 
-def check_job(config: Config) -> None:
+def check_job(config: Config) -> Config:
     """The device and attention backend the run asks for exist here (trainer=gpu without CUDA, flex
     training on CPU, varlen without CUDA bf16), refused before Lightning is imported; a mixture's
-    policy and every source's keys (nothing hashed)."""
+    policy and every source's keys (nothing hashed). Returns `config`."""
     from .data.mixture import check_sources
     from .training.checks import attention_backend
 
     attention_backend(config.attn, config.trainer)
     check_sources(config)
+    return config
+
+
+def say_launch_notes(trains: Sequence[TrainConfig], jobs: Sequence[Job] | None = None) -> None:
+    """What would waste a launch that passed its checks, once per process on rank 0 (a failed run's
+    report composes its command line again): too few validations (a sweep's `trains` are its `jobs`'),
+    and a busy machine. The load is read from `machine_load.load_per_cpu` when this runs."""
+    from .training.rundir import is_rank_zero
+
+    said = few_validations_warning(trains, jobs), busy_machine_note(machine_load.load_per_cpu())
+    for line in said:
+        if line is not None and line not in _SAID and is_rank_zero():
+            _SAID.add(line)
+            print(line, file=sys.stderr, flush=True)
+
+
+def few_validations_warning(trains: Sequence[TrainConfig], jobs: Sequence[Job] | None = None) -> str | None:
+    """One line when a run, or any job of a sweep (`jobs`, in the order of `trains`), would validate
+    fewer than MIN_VALIDATIONS times (at every multiple of train.val_every_n_steps up to
+    train.max_steps, and at max_steps): the runs concerned, and a value that fits them all."""
+    few = [
+        i
+        for i, train in enumerate(trains)
+        if train.max_steps >= MIN_VALIDATIONS and train.validations < MIN_VALIDATIONS
+    ]
+    if not few:
+        return None
+    every = sorted({trains[i].val_every for i in few})
+    steps = sorted({trains[i].max_steps for i in few})
+    where = ""
+    if jobs is not None:
+        named = [f"{jobs[i].number} ({' '.join(jobs[i].swept) or 'no swept keys'})" for i in few]
+        where = (
+            f"all {len(jobs)} sweep jobs: " if len(few) == len(jobs) else f"sweep jobs {', '.join(named)}: "
+        )
+    auto = f" (validates every {auto_val_every(steps[0])} steps here)" if len(steps) == 1 else ""
+    return (
+        f"warning: {where}train.val_every_n_steps={' or '.join(map(str, every))} with "
+        f"train.max_steps={' or '.join(map(str, steps))} validates once (at the last step): val-loss "
+        f"curves and compare's equal-token row need >= {MIN_VALIDATIONS}; use "
+        f"train.val_every_n_steps=auto{auto} or a value <= {steps[0] // MIN_VALIDATIONS}"
+    )
+
+
+def busy_machine_note(load_per_cpu: float | None) -> str | None:
+    """One line when the machine's load per CPU is above machine_load.CONTENDED: the run's times will
+    be about that many times the README's, which were measured on idle cores."""
+    if load_per_cpu is None or not load_per_cpu > machine_load.CONTENDED:
+        return None
+    return (
+        f"note: this machine's load is {load_per_cpu:.1f} per CPU (above {machine_load.CONTENDED}): "
+        f"runs take about {max(2, round(load_per_cpu))}x the README's times, which are for idle cores"
+    )
 
 
 def lock_run_dir(directory: Path, config: Config) -> None:

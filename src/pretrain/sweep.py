@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from omegaconf import DictConfig
 
@@ -18,6 +19,7 @@ from .config import CONFIG_NAME, config_dir, register_schema
 from .errors import ConfigError, describe, one_line_errors
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,16 +64,19 @@ def sweep_jobs(overrides: Sequence[str]) -> list[Job] | None:
     ]
 
 
-def check_jobs(jobs: Sequence[Job], check: Callable[[DictConfig], None]) -> None:
+def check_jobs(jobs: Sequence[Job], check: Callable[[DictConfig], T]) -> list[T]:
     """Compose every job's config (one Hydra initialisation for all) and `check` it; the first job that
-    fails is one ConfigError naming the job and what it sweeps, before any job has started."""
+    fails is one ConfigError naming the job and what it sweeps, before any job has started. Returns
+    what `check` returned for each job, in the jobs' order."""
     from hydra import compose
 
+    checked = []
     with _hydra_context():
         for job in jobs:
             try:
-                check(compose(config_name=CONFIG_NAME, overrides=job.overrides))
+                checked.append(check(compose(config_name=CONFIG_NAME, overrides=job.overrides)))
             except one_line_errors() as error:
                 raise ConfigError(
                     f"{job.label()}: {describe(error).rstrip('.')}; no job was started"
                 ) from None
+    return checked

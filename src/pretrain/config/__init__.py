@@ -43,9 +43,19 @@ from .groups import (
 from .migrate import upgrade_run_config, upgrade_sampler_state
 from .plugin_groups import GROUPS, TypedGroup, group_schema, group_schemas, register_schema
 from .reference import field_docs, markdown_reference, schema_rows
-from .schema import CONFIG_NAME, SCHEMA_NAME, Config, TrainConfig, default_warmup
+from .schema import (
+    AUTO_VALIDATIONS,
+    CONFIG_NAME,
+    SCHEMA_NAME,
+    Config,
+    TrainConfig,
+    auto_val_every,
+    default_warmup,
+    validation_count,
+)
 
 __all__ = [
+    "AUTO_VALIDATIONS",
     "CONFIG_NAME",
     "DEFAULT_SPLIT_SEED",
     "DEFAULT_VALIDATION_FRACTION",
@@ -76,6 +86,7 @@ __all__ = [
     "TypedGroup",
     "UnknownKeyError",
     "VerifyMode",
+    "auto_val_every",
     "check_choices",
     "check_known_keys",
     "config_dir",
@@ -90,5 +101,6 @@ __all__ = [
     "to_config",
     "upgrade_run_config",
     "upgrade_sampler_state",
+    "validation_count",
     "with_group_option",
 ]

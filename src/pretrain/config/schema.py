@@ -62,6 +62,34 @@ def default_warmup(max_steps: int) -> int:
     return scaled
 
 
+AUTO_VALIDATIONS = 5
+"""train.val_every_n_steps=auto validates at most this many times a run (and at least 3 from 5 steps)."""
+AUTO = "auto"
+
+
+def auto_val_every(max_steps: int) -> int:
+    """train.val_every_n_steps=auto: ceil(max_steps / 5), so that a run of any length validates 3 to 5
+    times (every step of a run shorter than 5 updates; validation also runs at the last step)."""
+    return max(1, -(-max_steps // AUTO_VALIDATIONS))
+
+
+def validation_count(max_steps: int, every: int) -> int:
+    """How often a run of `max_steps` updates validates: at every multiple of `every` up to max_steps,
+    and at max_steps itself (once when it is both)."""
+    return -(-max_steps // every)
+
+
+def _auto_or_positive(key: str, value: int | str) -> int | str:
+    """`auto` or an integer >= 1 (an integer given as a string too), else one ConfigError naming `key`."""
+    if not _is_set(value):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if value == AUTO or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ConfigError(f"{key}={value!r} must be auto or a positive integer, e.g. {key}=auto")
+
+
 @dataclass
 class TrainConfig:
     batch_size: int | None = 4
@@ -97,8 +125,10 @@ class TrainConfig:
     """AdamW betas"""
     grad_clip: float | None = 1.0
     """gradient norm clipping; null = none"""
-    val_every_n_steps: int = 50
-    """validate every N optimizer steps (and at the last one)"""
+    val_every_n_steps: int | str = AUTO
+    """validate every N optimizer steps, and at the last one; auto = ceil(max_steps / 5): 3 to 5
+    validations (every step of a run under 5 updates), counted on train.max_steps, also when
+    train.max_tokens ends the run sooner"""
     val_batches: int | None = 4
     """validation microbatches per rank; null = the whole validation split"""
     checkpoint_every_n_steps: int | None = 100
@@ -114,12 +144,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for key in (
             "max_steps",
-            "val_every_n_steps",
             "checkpoint_every_n_steps",
             "keep_checkpoints",
             "log_every_n_steps",
         ):
             _at_least(f"train.{key}", getattr(self, key), 1)
+        self.val_every_n_steps = _auto_or_positive("train.val_every_n_steps", self.val_every_n_steps)
         _at_least("train.warmup_steps", self.warmup_steps, 0)
         if self.warmup_steps is None and _is_set(self.max_steps):
             default_warmup(self.max_steps)  # says so when it scales down (the field stays null)
@@ -145,6 +175,17 @@ class TrainConfig:
     def warmup(self) -> int:
         """The warmup the schedule uses: train.warmup_steps, or its default for this run's length."""
         return self.warmup_steps if self.warmup_steps is not None else default_warmup(self.max_steps)
+
+    @property
+    def val_every(self) -> int:
+        """The validation interval the run uses: train.val_every_n_steps, or auto's for its max_steps."""
+        every = self.val_every_n_steps
+        return auto_val_every(self.max_steps) if every == AUTO else int(every)
+
+    @property
+    def validations(self) -> int:
+        """How often a run of train.max_steps updates validates (the last step included)."""
+        return validation_count(self.max_steps, self.val_every)
 
     def _check_batching(self) -> None:
         """How microbatches are sized (the data path's knobs of this group), checked once here."""

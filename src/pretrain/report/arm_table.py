@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import ConfigError
+from ..machine_load import CONTENDED  # a run's median `sys/load_per_cpu` above it: contended
 from ..training.run_record import Run, run_numbers
 from . import floors as floor_models
 from .arm_metrics import Metric, computed_tokens, final_val_loss, metrics, tokens_to_reach, updates
@@ -60,9 +61,6 @@ class Section:
     left_out: list[Run]  # runs without a value for this metric
 
 
-CONTENDED = 1.5
-"""A run whose median `sys/load_per_cpu` is above this shared its CPUs with other work (its own
-threads make about 1): its times measure the machine's load as much as its layout."""
 EQUAL_WITHIN = 0.05
 """Arms whose updates or real tokens differ from the reference's by more than this are flagged."""
 

@@ -8,7 +8,6 @@ weight microbatches equally whatever their token counts.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -20,6 +19,7 @@ import torch
 from ..config import TrainConfig
 from ..data.audit import batch_attention_cost
 from ..data.batch import PackedBatch
+from ..machine_load import load_per_cpu
 from ..model import ModelSettings, build_model, config_from_dict
 from ..model.flops import peak_flops, training_flops
 from .scoring import ScoreSums, ScoringProgress, score_batches
@@ -58,10 +58,8 @@ def machine_load() -> dict[str, float]:
     has the machine to itself (its threads are the load); well above, other work competed for the
     CPUs and its step times measure that too (report/arm_table.py marks such comparisons). Empty where
     the system has no load average."""
-    try:
-        return {"sys/load_per_cpu": os.getloadavg()[0] / (os.cpu_count() or 1)}
-    except (OSError, AttributeError):
-        return {}
+    load = load_per_cpu()
+    return {} if load is None else {"sys/load_per_cpu": load}
 
 
 class PretrainModule(L.LightningModule):
@@ -231,7 +229,7 @@ class PretrainModule(L.LightningModule):
     # Run from training_step on the optimizer-step count, not by Lightning's batch counter, which
     # restarts on resume: a resumed run validates at exactly the steps an uninterrupted one does.
     def _should_validate(self) -> bool:
-        step, every = self.trainer.global_step, self.settings.val_every_n_steps
+        step, every = self.trainer.global_step, self.settings.val_every
         return step % every == 0 or step >= self.settings.max_steps or self._token_budget_reached()
 
     def _token_budget_reached(self) -> bool:
