@@ -111,7 +111,28 @@ def test_policy_serves_the_recorded_batches_and_losses(tmp_path, cache_root, nam
     assert observed["digests"] == want["digests"]
     assert observed["chunks"] == want["chunks"]
     assert observed["num_targets"] == want["num_targets"]
-    assert observed["metrics"] == want["metrics"]
+    assert_same_metrics(observed["metrics"], want["metrics"])
+
+
+LOSS_TOLERANCE = 1e-7
+"""Relative: the batches are exact everywhere, the losses carry the float32 kernels' rounding, which
+differs between CPUs (an AMD EPYC with AVX-512 puts val/loss ~2e-9 from the recording's)."""
+
+
+def assert_same_metrics(observed: dict, want: dict) -> None:
+    """Token counts exactly, losses to LOSS_TOLERANCE (relative), at the same steps."""
+    assert {key: list(steps) for key, steps in observed.items()} == {
+        key: list(steps) for key, steps in want.items()
+    }
+    for key, steps in want.items():
+        for step, value in steps.items():
+            if key.endswith("loss"):
+                assert float(observed[key][step]) == pytest.approx(float(value), rel=LOSS_TOLERANCE), (
+                    key,
+                    step,
+                )
+            else:
+                assert observed[key][step] == value, (key, step)
 
 
 @pytest.mark.parametrize("policy", UNRECORDED)
