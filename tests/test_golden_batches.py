@@ -114,9 +114,10 @@ def test_policy_serves_the_recorded_batches_and_losses(tmp_path, cache_root, nam
     assert_same_metrics(observed["metrics"], want["metrics"])
 
 
-LOSS_TOLERANCE = 1e-7
-"""Relative: the batches are exact everywhere, the losses carry the float32 kernels' rounding, which
-differs between CPUs (an AMD EPYC with AVX-512 puts val/loss ~2e-9 from the recording's)."""
+LOSS_TOLERANCE = 1e-6
+"""Relative, about 10 float32 ulps: the batches are exact everywhere, the losses carry the float32
+kernels' rounding, which differs between CPUs (an AMD EPYC with AVX-512 puts a train/loss 2 ulps,
+1.8e-7, and val/loss ~2e-9 from the recording's)."""
 
 
 def assert_same_metrics(observed: dict, want: dict) -> None:
