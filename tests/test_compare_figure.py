@@ -12,6 +12,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from helpers import prepare, settings_of
+from matplotlib.colors import rgb_to_hsv, to_rgb
+from matplotlib.text import Text
 from omegaconf import OmegaConf
 
 from pretrain.config import to_config
@@ -27,6 +29,7 @@ from pretrain.report.figure import (
     arm_colors,
     figure,
     percent,
+    plot,
 )
 from pretrain.report.statistics import smooth
 from pretrain.report.table import layout_arms, layout_statistics
@@ -39,18 +42,25 @@ STEPS = [  # step, train/loss, train/tokens, train/step_seconds, train/data_seco
 ]
 
 
-def write_run(directory: Path, cfg, cache_dir: Path, waste: float | None = None) -> Path:
+def write_run(directory: Path, cfg, cache_dir: Path, waste: float | None = None, timed: bool = True) -> Path:
+    """A run as training writes it; `timed=False`: one that logged no step or data seconds."""
     directory.mkdir(parents=True)
     (directory / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (directory / "run.json").write_text(json.dumps({"cache_dir": str(cache_dir)}))
-    lines = [
-        "step,train/loss,train/tokens,train/step_seconds,train/data_seconds,train/padding_waste,val/loss"
-    ]
+    times = "train/step_seconds,train/data_seconds," if timed else ""
+    lines = [f"step,train/loss,train/tokens,{times}train/padding_waste,val/loss"]
     for step, loss, tokens, seconds, data, row_waste in STEPS:
         val = loss + 0.5 if step == 4 else ""
-        lines.append(f"{step},{loss},{tokens},{seconds},{data},{row_waste if waste is None else waste},{val}")
+        logged = f"{seconds},{data}," if timed else ""
+        lines.append(f"{step},{loss},{tokens},{logged}{row_waste if waste is None else waste},{val}")
     (directory / "metrics.csv").write_text("\n".join(lines) + "\n")
     return directory
+
+
+def write_floors(run_dir: Path, unigram: float, bigram: float) -> None:
+    entry = json.loads((run_dir / "run.json").read_text())
+    entry["floors"] = {"unigram": {"nats": unigram}, "bigram": {"nats": bigram}}
+    (run_dir / "run.json").write_text(json.dumps(entry))
 
 
 @pytest.fixture
@@ -76,13 +86,35 @@ def _bar_texts(ax) -> list[str]:
     return [text.get_text() for text in ax.texts]
 
 
+def _hue_apart(a: str, b: str) -> float:
+    """How far apart two colours' hues are, around the colour circle (0: one hue, 0.5: opposite)."""
+    distance = abs(float(rgb_to_hsv(to_rgb(a))[0]) - float(rgb_to_hsv(to_rgb(b))[0]))
+    return min(distance, 1 - distance)
+
+
+def _validation_lines(ax) -> list:
+    """The lines that carry markers (the validations; "_" marks error bar caps)."""
+    return [line for line in ax.lines if line.get_marker() not in ("None", None, "", "_")]
+
+
+def assert_reads_at_a_glance(fig) -> None:
+    """No text anywhere is cut, no panel is empty or says that nothing was there, and validations are
+    markers, never a second line."""
+    texts = [text.get_text() for text in fig.findobj(Text)]
+    assert not [t for t in texts if "…" in t]
+    assert not [t for t in texts if "not trained" in t or " logged" in t]
+    for ax in fig.axes:
+        assert ax.lines or ax.patches or ax.collections, ax.get_title()
+        assert {line.get_linestyle() for line in _validation_lines(ax)} <= {"None"}
+
+
 def test_a_sweep_is_grouped_by_policy_colour_and_swept_line_style(runs):
     loaded = [load_run(path) for path, _ in runs.values()]
     for run in loaded:
         run.layouts = layout_statistics(run)
     fig = figure(loaded)
     axes = _axes(fig)
-    assert "colour = policy, line style = max_seq_len" in fig.get_suptitle()
+    assert "colour = policy (a shade per arm), line style = max_seq_len" in fig.get_suptitle()
     tokens, seconds = axes["loss against real tokens seen"], axes["loss against training seconds"]
     assert (tokens.get_xlabel(), seconds.get_xlabel()) == (TOKENS_AXIS, TIME_AXIS)
     legend = [text.get_text() for text in seconds.get_legend().get_texts()]
@@ -93,12 +125,25 @@ def test_a_sweep_is_grouped_by_policy_colour_and_swept_line_style(runs):
         "bestfit max_seq_len=128",
     ]
     train_lines = {line.get_label(): line for line in tokens.lines if not line.get_label().startswith("_")}
-    # colour = the arm, line style = the swept value: one of each per policy and per length
-    assert {train_lines[f"padded max_seq_len={n}"].get_color() for n in (64, 128)} == {
-        arm_colors([])["padded"]
+    # colour = the policy, a shade of it per arm: the first arm keeps the policy's own colour (the same
+    # in every figure), the second is another shade of the same hue; the policies differ
+    colors = {label: line.get_color() for label, line in train_lines.items()}
+    for policy in ("padded", "bestfit"):
+        first, second = colors[f"{policy} max_seq_len=64"], colors[f"{policy} max_seq_len=128"]
+        assert first == arm_colors([])[policy] and second != first
+        assert _hue_apart(first, second) < 0.005  # a shade: its hue kept (up to 8-bit rounding)
+        assert sum(to_rgb(second)) < sum(to_rgb(first))  # darker
+    assert _hue_apart(colors["padded max_seq_len=128"], colors["bestfit max_seq_len=128"]) > 0.2
+    # validations: markers alone in the arm's colour, one marker per line style
+    dots = {(line.get_color(), line.get_marker(), line.get_linestyle()) for line in _validation_lines(tokens)}
+    assert dots == {
+        (colors["padded max_seq_len=64"], "o", "None"),
+        (colors["padded max_seq_len=128"], "s", "None"),
+        (colors["bestfit max_seq_len=64"], "o", "None"),
+        (colors["bestfit max_seq_len=128"], "s", "None"),
     }
-    assert {train_lines[f"bestfit max_seq_len={n}"].get_color() for n in (64, 128)} == {
-        arm_colors([])["bestfit"]
+    assert {(tuple(line.get_xdata()), tuple(line.get_ydata())) for line in _validation_lines(tokens)} == {
+        ((400,), (8.5,))
     }
     for length in (64, 128):
         styles = {
@@ -129,7 +174,9 @@ def test_a_sweep_is_grouped_by_policy_colour_and_swept_line_style(runs):
     fraction = padded["truncated_pairs"] / padded["prediction_pairs"]
     assert _bar_texts(truncation)[0] == f"{percent(fraction)} ({padded['truncated_pairs']:,})"
     assert _bar_texts(truncation)[2:] == ["0%", "0%"]
-    assert SPEED_TITLE in axes
+    assert _bar_texts(axes[SPEED_TITLE]) == ["53"] * 4  # 400 real tokens in 7.5 training seconds
+    assert [bar.get_facecolor()[:3] for bar in waste.patches] == [to_rgb(c) for c in colors.values()]
+    assert_reads_at_a_glance(fig)
     plt.close(fig)
 
 
@@ -164,12 +211,34 @@ def test_a_single_run_is_compared_with_every_layout_on_its_data(runs, tmp_path, 
     waste = axes[WASTE_TITLE]
     assert "at max_seq_len 64; hatched: layout only" in waste.get_title()
     labels = [tick.get_text() for tick in waste.get_yticklabels()]
-    assert labels == ["bestfit", *(f"{arm} (layout only)" for arm in arms[1:])]
+    # whole labels, wrapped (never cut): the long ones take two lines
+    assert [label.replace("\n", " ") for label in labels] == [
+        "bestfit",
+        *(f"{arm} (layout only)" for arm in arms[1:]),
+    ]
+    assert "prepacked strategy=bfd\n(layout only)" in labels  # "(layout only)" is never split
+    assert not [label for label in labels if "(layout\n" in label]
+    assert max(len(line) for label in labels for line in label.split("\n")) <= 30
     padded = run.layouts["padded"]
     assert _bar_texts(waste)[1] == percent(padded["padding_waste"]) and padded["padding_waste"] > 0
-    assert _bar_texts(axes[SPEED_TITLE])[1:] == ["not trained"] * (len(arms) - 1)
+    # the layouts were not run: no speed, said once in the title (not "not trained" per row)
+    speed = axes[SPEED_TITLE]
+    assert speed.get_title() == SPEED_TITLE + "\n(hatched rows: layouts not run, no speed)"
+    assert _bar_texts(speed) == ["53", *[""] * (len(arms) - 1)]
+    assert [bar.get_width() for bar in speed.patches][1:] == [0.0] * (len(arms) - 1)
     hatched = [bar.get_hatch() for bar in waste.patches]
     assert hatched == [None] + ["//"] * (len(arms) - 1)
+    # a layout's colour is its policy's, in a shade per layout of that policy; the run's own unshaded
+    shades = {
+        label.replace("\n", " "): bar.get_facecolor()[:3]
+        for label, bar in zip(labels, waste.patches, strict=True)
+    }
+    assert shades["bestfit"] == to_rgb(arm_colors([])["bestfit"])
+    assert shades["padded (layout only)"] == to_rgb(arm_colors([])["padded"])
+    longest = shades["padded pad_to=longest (layout only)"]
+    assert longest != shades["padded (layout only)"]
+    assert _hue_apart(longest, arm_colors([])["padded"]) < 0.005
+    assert_reads_at_a_glance(fig)
     plt.close(fig)
     # compare() does the same from the directory alone, and the table gains the truncation column
     png = compare([path], output=tmp_path / "one.png", quiet=True)
@@ -185,9 +254,10 @@ def test_a_run_whose_cache_is_gone_still_plots_without_layouts(runs, tmp_path):
     assert layout_statistics(run, layout_arms()) == {}
     assert math.isnan(run.truncated_fraction())
     fig = figure([run])
-    assert _bar_texts(_axes(fig)[TRUNCATION_TITLE + "\n(at max_seq_len 128; hatched: layout only)"]) == [
-        "n/a"
-    ]
+    titles = [title.split("\n")[0] for title in _axes(fig)]
+    # no truncation known: its panel is left out rather than drawn empty with "n/a"
+    assert TRUNCATION_TITLE not in titles and {WASTE_TITLE, SPEED_TITLE} <= set(titles)
+    assert_reads_at_a_glance(fig)
     plt.close(fig)
 
 
@@ -261,7 +331,68 @@ def test_a_mixture_run_is_compared_with_every_layout_that_can_mix_on_its_mixed_e
     assert run.layouts["padded"]["padding_waste"] > 0 and run.layouts["padded"]["truncated_pairs"] > 0
     fig = figure([run])
     waste = {ax.get_title().split("\n")[0]: ax for ax in fig.axes}[WASTE_TITLE]
-    labels = [tick.get_text() for tick in waste.get_yticklabels()]
+    labels = [tick.get_text().replace("\n", " ") for tick in waste.get_yticklabels()]
     assert labels == ["bestfit", *(f"{arm} (layout only)" for arm in arms[1:])]
     assert _bar_texts(waste)[1] == percent(run.layouts["padded"]["padding_waste"])
+    plt.close(fig)
+
+
+def test_floors_are_named_once_between_the_panels_apart_and_clear_of_the_curves(runs, tmp_path):
+    for path, _ in runs.values():
+        write_floors(path, 9.30, 9.26)  # inside the curves (10 -> 8), a hair apart
+    loaded = [load_run(path) for path, _ in runs.values()]
+    fig = figure(loaded)
+    fig.canvas.draw()  # the constrained layout placed
+    axes = _axes(fig)
+    tokens, seconds = axes["loss against real tokens seen"], axes["loss against training seconds"]
+    assert tokens.get_ylim() == seconds.get_ylim()  # one loss axis: the floors level in both panels
+    for ax in (tokens, seconds):
+        floors = [line for line in ax.lines if line.get_color() == "0.35"]
+        assert [line.get_ydata()[0] for line in floors] == [9.30, 9.26]
+        assert [line.get_linestyle() for line in floors] == [":", ":"]
+    assert not seconds.texts  # named once
+    notes = {text.get_text(): text for text in tokens.texts}
+    assert set(notes) == {"unigram (add-one) floor 9.30", "bigram (interpolated) floor 9.26"}
+    high = notes["unigram (add-one) floor 9.30"].get_window_extent()
+    low = notes["bigram (interpolated) floor 9.26"].get_window_extent()
+    left, right = tokens.get_window_extent(), seconds.get_window_extent()
+    for note in (high, low):  # between the panels: on no curve
+        assert left.x1 <= note.x0 and note.x1 <= right.x0
+    # the upper floor's name above its line, the lower's below: close floors never overlap
+    assert not high.overlaps(low) and high.y0 >= low.y1
+    y_upper, y_lower = (tokens.transData.transform((0, v))[1] for v in (9.30, 9.26))
+    assert high.y0 == pytest.approx(y_upper, abs=1) and low.y1 == pytest.approx(y_lower, abs=1)
+    assert_reads_at_a_glance(fig)
+    plt.close(fig)
+    # plot writes it (closed after)
+    for run in loaded:
+        run.layouts = layout_statistics(run)
+    output, before = tmp_path / "figures" / "compare.png", len(plt.get_fignums())
+    plot(loaded, output)
+    assert output.read_bytes()[:4] == b"\x89PNG" and len(plt.get_fignums()) == before
+
+
+def test_a_panel_nothing_was_logged_for_is_left_out(runs, tmp_path, make_cfg):
+    """Runs that logged no seconds: no time panel (the tokens panel takes the row, the floors' names and
+    the legend beside it) and no tokens/s panel, instead of panels that say nothing was logged."""
+    untimed = []
+    for (policy, length), (path, cfg) in runs.items():
+        cache_dir = Path(json.loads((path / "run.json").read_text())["cache_dir"])
+        untimed.append(write_run(tmp_path / "untimed" / f"{policy}-{length}", cfg, cache_dir, timed=False))
+        write_floors(untimed[-1], 9.30, 9.26)
+    loaded = [load_run(path) for path in untimed]
+    for run in loaded:
+        run.layouts = layout_statistics(run)
+    fig = figure(loaded)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["loss against real tokens seen", WASTE_TITLE, TRUNCATION_TITLE]
+    tokens = fig.axes[0]
+    assert len(tokens.get_legend().get_texts()) == 4
+    fig.canvas.draw()
+    assert tokens.get_window_extent().width > 0.6 * fig.bbox.width  # the whole row, bar its legend
+    # the floors' names right of the panel, the legend right of them
+    names = [text.get_window_extent() for text in tokens.texts]
+    assert len(names) == 2 and all(name.x0 >= tokens.get_window_extent().x1 for name in names)
+    assert tokens.get_legend().get_window_extent().x0 > max(name.x1 for name in names)
+    assert_reads_at_a_glance(fig)
     plt.close(fig)

@@ -25,7 +25,7 @@ OUTPUT_SPELLING = "output="
 """`output=PATH` among the arguments means `--output PATH` (not a config key: no schema has `output`)."""
 
 
-VALUE_OPTIONS = ("--output", "--reference", "--at-tokens", "--at-seconds", "--at-step")
+VALUE_OPTIONS = ("--output", "--reference", "--contrast", "--at-tokens", "--at-seconds", "--at-step")
 """Options followed by their value: `_options_last` moves the pair together."""
 
 
@@ -178,6 +178,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             at_step=args.at_step,
             paired=not args.unpaired,
             timing=not args.no_timing,
+            contrast=args.contrast,
         )
     except WriteError:
         raise
@@ -312,7 +313,7 @@ def _add_compare(sub) -> None:
     _add_output(
         compare,
         "image file for the plot: .png, .pdf, .svg, ... (default: compare.png in the first directory); "
-        "the markdown table goes beside it (.md)",
+        "the tables (.md), every number (.json) and the contrast figure (-contrast) go beside it",
     )
     compare.add_argument(
         "--wandb",
@@ -323,6 +324,13 @@ def _add_compare(sub) -> None:
         "--reference",
         metavar="ARM",
         help="the arm the others are compared with, by its label in the table (default: the first arm)",
+    )
+    compare.add_argument(
+        "--contrast",
+        metavar="KEY",
+        help="the factor whose levels are contrasted within each combination of the other keys the "
+        "runs vary, seeds paired inside it (default: data.policy when it varies), e.g. "
+        "--contrast data.document_mask",
     )
     compare.add_argument(
         "--at-tokens",

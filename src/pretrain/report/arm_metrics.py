@@ -21,6 +21,7 @@ VAL_LOSS = "val/loss"
 class Metric:
     """One section of the table: what is measured per run, at which x, and how it is printed."""
 
+    key: str  # a stable id for compare.json and W&B (`val_loss`, `val_loss_at_tokens`, ...)
     name: str  # the section's heading (says which x)
     value: Callable[[Run], float]
     fmt: str = "{:.4f}"
@@ -64,9 +65,10 @@ def metrics(
 def _loss_metrics() -> list[Metric]:
     """The final train and val losses."""
     return [
-        Metric("final train loss", lambda run: run.last(LOSS), missing="no train/loss"),
-        Metric("final val loss", final_val_loss, missing="never validated", floored=True),
+        Metric("train_loss", "final train loss", lambda run: run.last(LOSS), missing="no train/loss"),
+        Metric("val_loss", "final val loss", final_val_loss, missing="never validated", floored=True),
         Metric(
+            "val_loss_last_two",
             "val loss, mean of the last two validations (less noise than one)",
             last_two_val_losses,
             missing="fewer than two validations",
@@ -81,6 +83,7 @@ def _interpolated_metrics(
     """Val loss read at a common real-token count, training time and optimizer step."""
     return [
         _interpolated(
+            "val_loss_at_tokens",
             runs,
             "series",
             at_tokens,
@@ -89,6 +92,7 @@ def _interpolated_metrics(
             ("a common real-token count", "the most every run reached in validation"),
         ),
         _interpolated(
+            "val_loss_at_seconds",
             runs,
             "by_time",
             at_seconds,
@@ -101,6 +105,7 @@ def _interpolated_metrics(
             ),
         ),
         _interpolated(
+            "val_loss_at_step",
             runs,
             "by_step",
             at_step,
@@ -115,6 +120,7 @@ def _component_metrics(runs: list[Run]) -> list[Metric]:
     """A mixture's components (data/mixture.py): each one's own validation pairs."""
     return [
         Metric(
+            key.replace("/", "_"),
             f"final {key} (the {key.rsplit('/', 1)[1]} component's validation pairs)",
             partial(_last, key=key),
             missing=f"no {key}",
@@ -126,20 +132,23 @@ def _component_metrics(runs: list[Run]) -> list[Metric]:
 def _budget_metrics() -> list[Metric]:
     """What an arm spent: updates, real and computed tokens, tokens/s and padding waste."""
     return [
-        Metric("updates (optimizer steps)", updates, missing="no step", **COUNTED),
+        Metric("updates", "updates (optimizer steps)", updates, missing="no step", **COUNTED),
         Metric(
+            "real_tokens",
             "real training tokens",
             lambda run: run.last("train/tokens"),
             **COUNTED,
             missing="no train/tokens",
         ),
         Metric(
+            "computed_tokens",
             "computed tokens (real + padding: the compute paid)",
             computed_tokens,
             **COUNTED,
             missing="no train/tokens or train/padding_waste",
         ),
         Metric(
+            "tokens_per_sec",
             "real tokens/s (real tokens / training seconds)",
             lambda run: run_numbers(run)["tokens_per_sec"],
             timed=True,
@@ -147,6 +156,7 @@ def _budget_metrics() -> list[Metric]:
             missing="no train/tokens_per_sec",
         ),
         Metric(
+            "padding_waste",
             "padding waste (mean of the run)",
             lambda run: run.mean("train/padding_waste"),
             fmt="{:.2%}",
@@ -207,7 +217,13 @@ def _last(run: Run, key: str) -> float:
 
 
 def _interpolated(
-    runs: list[Run], axis: str, chosen: float | None, option: str, at_fmt: str, default: tuple[str, ...]
+    key: str,
+    runs: list[Run],
+    axis: str,
+    chosen: float | None,
+    option: str,
+    at_fmt: str,
+    default: tuple[str, ...],
 ) -> Metric:
     """val loss read on `axis` (a Run series: real tokens, seconds or steps) at `chosen` (its `option`)
     or, by default, at the runs' common reach; `default` = (the x in words, how the default is chosen,
@@ -217,6 +233,7 @@ def _interpolated(
     if not math.isfinite(x):
         at, how = default[0], default[2] if len(default) > 2 else "no run validated"
     return Metric(
+        key,
         f"val loss at {at} (interpolated; {how})",
         lambda run: interpolate_at(getattr(run, axis).get(VAL_LOSS, []), x),
         at=x,

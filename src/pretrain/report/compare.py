@@ -37,10 +37,15 @@ from ..errors import ConfigError
 from ..fileio import write_text_atomic
 from ..training.metrics_file import FILE_NAME
 from ..training.run_record import LOSS, Run, load_run
+from .arm_metrics import metrics
 from .arm_render import markdown
 from .arm_table import arm_table, reference_arm
 from .arms import SEED, Arm, distinguishing_paths, group_arms
+from .compare_json import compare_document, write_compare_json
+from .contrast_render import contrast_markdown
+from .contrasts import choose_factor, contrast_table
 from .figure import check_output, plot
+from .summary import HEADLINE, summary_lines
 from .table import cache_floors_of, layout_arms, layout_statistics, markdown_table
 from .wandb_log import log_to_wandb
 
@@ -103,13 +108,17 @@ def compare(
     at_step: float | None = None,
     paired: bool = True,
     timing: bool = True,
+    contrast: str | None = None,
 ) -> Path:
     """Write the comparison PNG (and a .md table beside it: the arms' table, then one row per run);
     returns the PNG path. Runs that differ only in `seed` are one arm (arms.py); `reference` names the
     arm the others are compared with, `at_tokens` / `at_seconds` / `at_step` the x of the interpolated
     val loss (arm_table.py), `paired=False` Welch's test for every arm, `timing=False` a figure
-    without times (`figure`). `wandb=True` also logs the tables and the plot into one W&B run of the
-    compared runs' group (`log_to_wandb`)."""
+    without times (`figure`). `contrast` the factor contrasted at matched settings (contrasts.py;
+    default `data.policy` when the runs vary it): its per-cell figure goes beside the plot
+    (`<name>-contrast.<suffix>`). Beside them: `.md` (every table) and `.json` (every number,
+    compare_json.py). Unless `quiet`, prints one screen (summary.py). `wandb=True` also logs the tables
+    and the plot into one W&B run of the compared runs' group (`log_to_wandb`)."""
     output = Path(output) if output else Path(directories[0]) / "compare.png"
     check_output(output)
     for option, value in (("--at-tokens", at_tokens), ("--at-seconds", at_seconds), ("--at-step", at_step)):
@@ -124,20 +133,37 @@ def compare(
         where = " ".join(str(d) for d in directories)
         raise ConfigError(f"no run under {where} has logged {LOSS} yet: nothing to compare")
     arms = group_arms(runs)
-    reference_arm(arms, reference)  # an unknown --reference stops before the slow work
+    reference_arm(arms, reference)  # an unknown --reference or --contrast stops before the slow work
+    factor = choose_factor(arms, contrast)
     for run in runs:  # a single run: what the other layouts would waste and truncate on its data
         run.layouts = layout_statistics(run, layout_arms() if len(runs) == 1 else None)
         run.floors = run.floors or cache_floors_of(run)
     label_runs(arms)
     arms_table = arm_table(arms, reference, at_tokens, at_seconds, at_step, paired)
+    ref = arms_table.reference if reference is not None else None
+    contrasts = contrast_table(arms, factor, ref, at_tokens, at_seconds, at_step, paired) if factor else None
     plot(runs, output, arms, arms_table, timing)
-    table = markdown(arms_table) + "\n## runs\n\n" + markdown_table(runs)
-    write_text_atomic(output.with_suffix(".md"), table)
+    files = [output]
+    if contrasts is not None:
+        from .contrast_figure import plot_contrasts
+
+        drawn = plot_contrasts(
+            contrasts.contrasts, output.with_name(f"{output.stem}-contrast{output.suffix}"), HEADLINE
+        )
+        files += [drawn] if drawn is not None else []
+    sections = [markdown(arms_table)]
+    if contrasts is not None and contrasts.contrasts:
+        sections.append(
+            "\n".join(contrast_markdown(contrasts, metrics(runs, at_tokens, at_seconds, at_step)))
+        )
+    sections.append("## runs\n\n" + markdown_table(runs))
+    files += [output.with_suffix(".md"), output.with_suffix(".json")]
+    write_text_atomic(files[-2], "\n".join(sections))
+    write_compare_json(files[-1], compare_document(arms, arms_table, contrasts, files))
     if not quiet:
-        print(table)
-        print(f"plot: {output.resolve()}")
+        print("\n".join(summary_lines(runs, arms, arms_table, contrasts, files)))
     if wandb:
-        where = log_to_wandb(runs, output, arms=arms_table)
+        where = log_to_wandb(runs, output, arms=arms_table, contrasts=contrasts)
         if not quiet:
             print(f"W&B: {where}")
     return output.resolve()

@@ -1,7 +1,9 @@
-"""The comparison figure: one line per arm (colour its layout, line style the values of the other keys
-the arms differ in), loss against real tokens and against training time or steps, small multiples
-for many arms, and per arm the padding waste, truncated pairs and real tokens per second below
-(a single run also beside what the other layouts would do on its data)."""
+"""The comparison figure: one line per arm (colour its policy, a shade of it per arm of that policy,
+line style the values of the other keys the arms differ in), its validations as markers, loss against
+real tokens and against training time or steps, small multiples for many arms, and per arm the padding
+waste, truncated pairs and real tokens per second below (a single run also beside what the other
+layouts would do on its data). Nothing is cut: long labels wrap; a panel with nothing to show is left
+out; the floors are named in the margin, clear of the curves."""
 
 from __future__ import annotations
 
@@ -41,26 +43,69 @@ def arm_colors(arms: list[str]) -> dict[str, str]:
     return {arm: PALETTE[i % len(PALETTE)] for i, arm in enumerate(ordered)}
 
 
+SHADES = (0.0, -0.4, 0.4, -0.65, 0.6, -0.2, 0.2)
+"""The shades of a policy's colour its arms take in turn (negative: toward black, positive: toward
+white): the first arm of a policy keeps the policy's own colour (`arm_colors`), the next ones are
+darker and lighter, so arms of one policy read as one family yet apart."""
+
+
+def shade(color: str, amount: float) -> str:
+    """`color` mixed toward black (`amount` < 0) or white (> 0) by |amount|; itself at 0."""
+    if amount == 0:
+        return color
+    from matplotlib.colors import to_hex, to_rgb
+
+    target = 0.0 if amount < 0 else 1.0
+    red, green, blue = (c + (target - c) * abs(amount) for c in to_rgb(color))
+    return str(to_hex((red, green, blue)))
+
+
+def policy_of(layout: str) -> str:
+    """The policy of a layout name (`prepacked strategy=bfd` -> `prepacked`)."""
+    return layout.split(" ")[0]
+
+
+def family_colors(layouts: list[str]) -> list[str]:
+    """One colour per entry (an arm or a layout row): its policy's colour (`arm_colors`, the same in
+    every figure), in a shade of its own (`SHADES`, in the order given) when entries share a policy."""
+    policies = [policy_of(layout) for layout in layouts]
+    palette = arm_colors(policies)
+    seen: dict[str, int] = {}
+    colors = []
+    for policy in policies:
+        rank = seen[policy] = seen.get(policy, -1) + 1
+        colors.append(shade(palette[policy], SHADES[rank % len(SHADES)]))
+    return colors
+
+
 def arm_styles(arms: list[Arm], keys: list[str]) -> tuple[list[str], list[Any]]:
-    """(colour, line style) per arm: the colour is its layout's, the style that of the values of the
-    other keys the arms differ in."""
+    """(colour, line style) per arm: the colour is a shade of its policy's (`family_colors`), the style
+    that of the values of the other keys the arms differ in."""
     combos = [tuple(repr(flat_config(arm.config).get(key)) for key in keys) for arm in arms]
     order = list(dict.fromkeys(combos))
-    palette = arm_colors([arm.layout for arm in arms])
-    colors = [palette[arm.layout] for arm in arms]
+    colors = family_colors([arm.layout for arm in arms])
     return colors, [LINE_STYLES[order.index(combo) % len(LINE_STYLES)] for combo in combos]
 
 
 LEGEND_WIDTH = 48
-"""Legend labels wrap at this many characters (bar labels are cut there): the figure keeps its shape."""
+"""Legend labels and small panels' titles wrap at this many characters."""
+
+BAR_LABEL_WIDTH = 30
+"""The bottom panels' row labels wrap at this many characters (the panel's margin grows to fit them)."""
 
 
-def _wrapped(label: str) -> str:
-    return "\n".join(textwrap.wrap(label, LEGEND_WIDTH, break_long_words=True)) or label
+def wrapped(label: str, width: int = LEGEND_WIDTH) -> str:
+    """`label` in lines of at most `width` characters, whole (a long word is broken, never cut)."""
+    return "\n".join(textwrap.wrap(label, width, break_long_words=True)) or label
 
 
-def _cut(label: str) -> str:
-    return label if len(label) <= LEGEND_WIDTH else label[: LEGEND_WIDTH - 1] + "…"
+LAYOUT_ONLY = "(layout only)"
+
+
+def bar_label(label: str) -> str:
+    """A bottom panel's row label, wrapped at BAR_LABEL_WIDTH, `(layout only)` kept on one line."""
+    glued = LAYOUT_ONLY.replace(" ", "\u00a0")  # textwrap breaks at ASCII spaces only
+    return wrapped(label.replace(LAYOUT_ONLY, glued), BAR_LABEL_WIDTH).replace(glued, LAYOUT_ONLY)
 
 
 def percent(value: float) -> str:
@@ -125,24 +170,25 @@ def _arm_bar(arm: Arm, color: str) -> Bar:
 def bars(arms: list[Arm], colors: list[str]) -> list[Bar]:
     """The arms (measured waste and speed, their layout's truncation: means over seeds, with the band);
     for a single run also the other layouts on its data at its max_seq_len (hatched in the figure:
-    computed, not trained)."""
+    computed, not trained; a shade of their policy's colour beside the run's own)."""
     rows = [_arm_bar(arm, color) for arm, color in zip(arms, colors, strict=True)]
     if len(arms) == 1 and arms[0].n == 1:
         (run,) = arms[0].runs
-        palette = arm_colors(list(run.layouts))
-        for arm, layout in run.layouts.items():
-            if arm != run.arm:
-                rows.append(
-                    Bar(
-                        f"{arm} (layout only)",
-                        palette[arm],
-                        layout["padding_waste"],
-                        run.truncated_fraction(arm),
-                        layout["truncated_pairs"],
-                        math.nan,
-                        trained=False,
-                    )
+        others = [arm for arm in run.layouts if arm != run.arm]
+        shades = family_colors([run.arm, *others])[1:]  # the run's own keeps its policy's colour
+        for arm, color in zip(others, shades, strict=True):
+            layout = run.layouts[arm]
+            rows.append(
+                Bar(
+                    f"{arm} {LAYOUT_ONLY}",
+                    color,
+                    layout["padding_waste"],
+                    run.truncated_fraction(arm),
+                    layout["truncated_pairs"],
+                    math.nan,
+                    trained=False,
                 )
+            )
     return rows
 
 
@@ -166,7 +212,7 @@ def _truncation_text(row: Bar) -> str:
 
 
 def _legend_label(arm: Arm, comparison: str = "") -> str:
-    label = _wrapped(arm.label + (f" (n={arm.n}, {band_name(arm.n)})" if arm.n >= 2 else ""))
+    label = wrapped(arm.label + (f" (n={arm.n}, {band_name(arm.n)})" if arm.n >= 2 else ""))
     return label + (f"\n{comparison}" if comparison else "")
 
 
@@ -191,21 +237,39 @@ def comparison_labels(table: ArmTable) -> dict[int, str]:
     return labels
 
 
-def draw_floors(ax, runs: list[Run]) -> None:
-    """The floors every run shares as dotted horizontal lines, named at the panel's right edge."""
-    for name in FLOORS:
-        value = shared_floor(runs, name)
-        if math.isfinite(value):
-            ax.axhline(value, color="0.35", linestyle=":", linewidth=1.2)
-            ax.annotate(
-                f"{DESCRIPTION[name]} floor {value:.2f}",
-                (1.0, value),
-                xycoords=("axes fraction", "data"),
-                ha="right",
-                va="bottom",
-                fontsize=8,
-                color="0.3",
-            )
+FLOOR_COLOR = "0.35"
+"""The floors' lines and names: grey, apart from every arm's colour."""
+
+
+def draw_floors(ax, runs: list[Run], named: bool = True) -> float:
+    """The floors every run shares as dotted horizontal lines, `named` in the margin right of the panel
+    at their height (outside the data: no curve under them; the upper floor's name above its line,
+    the lower one's below, so two close floors never overlap). Returns the names' width in inches
+    (0 without names), for what goes beside the panel (the legend) to keep clear of them."""
+    values = {name: shared_floor(runs, name) for name in FLOORS}
+    drawn = sorted(((v, name) for name, v in values.items() if math.isfinite(v)), reverse=True)
+    width = 0.0
+    for rank, (value, name) in enumerate(drawn):
+        ax.axhline(value, color=FLOOR_COLOR, linestyle=":", linewidth=1.2)
+        if not named:
+            continue
+        last = len(drawn) - 1
+        placement = "center" if last == 0 or 0 < rank < last else "bottom" if rank == 0 else "top"
+        note = ax.annotate(
+            f"{DESCRIPTION[name]} floor {value:.2f}",
+            (1.0, value),
+            xycoords=("axes fraction", "data"),
+            xytext=(4, 0),
+            textcoords="offset points",
+            ha="left",
+            va=placement,
+            fontsize=8,
+            color=FLOOR_COLOR,
+            annotation_clip=False,
+        )
+        extent = note.get_window_extent(ax.figure.canvas.get_renderer())
+        width = max(width, extent.width / ax.figure.dpi + 4 / 72)
+    return width
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P")
@@ -219,26 +283,35 @@ def _marker(style: Any) -> str:
     return MARKERS[LINE_STYLES.index(style) % len(MARKERS)] if style in LINE_STYLES else "o"
 
 
+def _dot(color: str, style: Any) -> dict[str, Any]:
+    """A validation marker's look: the arm's colour, the marker of its line style, a white rim."""
+    return {
+        "color": color,
+        "marker": _marker(style),
+        "markersize": 6,
+        "markeredgecolor": "white",
+        "markeredgewidth": 0.8,
+    }
+
+
 def _draw_arm(
     ax, arm: Arm, attribute: str, color: str, style: Any, comparison: str = "", legend: bool = True
 ) -> None:
-    """One arm on a loss panel: its train loss smoothed (EMA; the raw curve faint) and its validation
-    points joined in the arm's line style with its marker; several seeds: their mean train curve with
-    its band (read off x values every seed covers: nothing extrapolated) and the mean of their k-th
-    validations with the band as error bars."""
+    """One arm on a loss panel: its train loss smoothed (EMA; the raw curve faint), its only line, and
+    its validations as markers (its colour, the marker of its line style; no line joins them);
+    several seeds: their mean train curve with its band (read off x values every seed covers: nothing
+    extrapolated) and the mean of their k-th validations with the band as error bars."""
     trains = [getattr(run, attribute).get(LOSS, []) for run in arm.runs]
     vals = [getattr(run, attribute).get("val/loss", []) for run in arm.runs]
     label = _legend_label(arm, comparison) if legend else "_nolegend_"
-    marker = _marker(style)
+    dot = _dot(color, style)
     if arm.n == 1:
         train, val = np.array(trains[0]), np.array(vals[0])
         if len(train):
             ax.plot(train[:, 0], train[:, 1], color=color, linestyle=style, alpha=0.2, linewidth=0.8)
             ax.plot(train[:, 0], smooth(train[:, 1]), color=color, linestyle=style, alpha=0.9, label=label)
         if len(val):
-            ax.plot(
-                val[:, 0], val[:, 1], color=color, linestyle=style, marker=marker, markersize=5, linewidth=1
-            )
+            ax.plot(val[:, 0], val[:, 1], linestyle="None", **dot)
         return
     curve = mean_curve(trains)
     if curve is not None:
@@ -251,18 +324,20 @@ def _draw_arm(
             dots.x,
             dots.mean,
             yerr=[dots.mean - dots.low, dots.high - dots.mean],
-            fmt=marker,
-            linestyle=style,
-            linewidth=1,
-            color=color,
-            markersize=5,
+            fmt="none",
+            ecolor=color,
+            elinewidth=1,
             capsize=3,
         )
+        ax.plot(dots.x, dots.mean, linestyle="None", **dot)
 
 
 def small_multiples(fig, cells, runs: list[Run], arms: list[Arm], colors, styles, labels) -> None:
     """One panel per arm, loss against real tokens: the arm in its colour over every other arm in
-    light grey (their smoothed train losses), so many arms read without spaghetti."""
+    light grey (their smoothed train losses), so many arms read without spaghetti; the floors as in
+    the large panels, unnamed (the large panel names them)."""
+    from matplotlib.ticker import EngFormatter
+
     first = None
     for index, (arm, color, style) in enumerate(zip(arms, colors, styles, strict=True)):
         ax = fig.add_subplot(cells[index], sharex=first, sharey=first)
@@ -275,22 +350,96 @@ def small_multiples(fig, cells, runs: list[Run], arms: list[Arm], colors, styles
                         ax.plot(train[:, 0], smooth(train[:, 1]), color="0.8", linewidth=0.8)
         _draw_arm(ax, arm, "series", color, style, legend=False)
         comparison = labels.get(id(arm), "")
-        ax.set_title(_wrapped(arm.label) + (f"\n{comparison}" if comparison else ""), fontsize=7)
+        ax.set_title(wrapped(arm.label) + (f"\n{comparison}" if comparison else ""), fontsize=7)
         ax.tick_params(labelsize=7)
-        draw_floors(ax, runs)
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        draw_floors(ax, runs, named=False)
+
+
+@dataclass
+class Panel:
+    """One bottom panel: a value per row and the text beside its bar."""
+
+    title: str
+    values: list[float]
+    texts: list[str]
+    fraction: bool  # a share (0-100%) rather than a rate
+    band: str | None  # the Bar attribute holding the seeds' band
+
+
+def _speed_text(row: Bar) -> str:
+    """Tokens/s beside a bar; nothing for a layout only computed (the panel's title says so once)."""
+    if math.isfinite(row.tokens_per_sec):
+        return f"{row.tokens_per_sec:,.0f}"
+    return "" if not row.trained else "n/a"
+
+
+LAYOUTS_NOT_RUN = "\n(hatched rows: layouts not run, no speed)"
+
+
+def bar_panels(runs: list[Run], rows: list[Bar], table: ArmTable | None, timing: bool) -> list[Panel]:
+    """The bottom panels that have something to show: padding waste, truncated pairs and (`timing`)
+    real tokens/s; one no row has a value for (nothing logged) is left out, not drawn empty. A
+    layout-only row (a single run's other layouts) has no speed: blank, the title says why."""
+    single = len(runs) == 1
+    layouts = f"\n(at max_seq_len {runs[0].max_seq_len}; hatched: layout only)" if single else ""
+    panels = [
+        Panel(
+            WASTE_TITLE + layouts,
+            [r.waste for r in rows],
+            [percent(r.waste) for r in rows],
+            True,
+            "waste_band",
+        ),
+        Panel(
+            TRUNCATION_TITLE + layouts,
+            [r.truncated for r in rows],
+            [_truncation_text(r) for r in rows],
+            True,
+            None,
+        ),
+    ]
+    if timing:
+        panels.append(
+            Panel(
+                SPEED_TITLE
+                + (CONTENDED_NOTE if table is not None and table.contended else "")
+                + (LAYOUTS_NOT_RUN if not all(r.trained for r in rows) else ""),
+                [r.tokens_per_sec for r in rows],
+                [_speed_text(r) for r in rows],
+                False,
+                "speed_band",
+            )
+        )
+    return [panel for panel in panels if any(math.isfinite(v) for v in panel.values)]
+
+
+def _logged(arms: list[Arm], attribute: str) -> bool:
+    return any(getattr(run, attribute).get(LOSS) for arm in arms for run in arm.runs)
+
+
+LOSS_HEIGHT = 5.6
+"""Inches of the loss panels' row."""
+
+BAR_HEIGHT = 4.2
+"""Inches of the bottom panels' row at least; more when many (wrapped) row labels need it."""
+
+LINE_INCHES = 8 * 1.25 / 72
+"""One line of an 8-point label."""
 
 
 def figure(
     runs: list[Run], arms: list[Arm] | None = None, table: ArmTable | None = None, timing: bool = True
 ):
     """The comparison figure (not saved): loss against real tokens and against training time, one
-    line per arm (a single seed's curve, or the seeds' mean with a band), colour by layout and line
-    style by the values of the other keys the arms differ in; below, per arm (and for a single run
-    per layout on its data) padding waste, truncated prediction pairs and real tokens per second.
-    With the arms' `table`, each arm's legend entry carries its final val loss comparison with the
-    reference, and the floors the runs share are drawn as horizontal lines. `timing=False` (a figure
-    to publish from a shared machine, whose times are load noise) draws loss against optimizer steps
-    instead of seconds and leaves out the tokens/s bars."""
+    line per arm (a single seed's curve, or the seeds' mean with a band) and its validations as
+    markers, colour by policy (a shade per arm of it) and line style by the values of the other keys
+    the arms differ in; below, per arm (and for a single run per layout on its data) padding waste,
+    truncated prediction pairs and real tokens per second. With the arms' `table`, each arm's legend
+    entry carries its final val loss comparison with the reference, and the floors the runs share are
+    drawn as horizontal lines, named in the margin. `timing=False` (a figure to publish from a shared
+    machine, whose times are load noise) draws loss against optimizer steps instead of seconds and
+    leaves out the tokens/s bars. A panel with nothing logged is left out (the others take its room)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -299,16 +448,23 @@ def figure(
     arms = arms if arms is not None else group_arms(runs)
     keys = swept_keys([arm.runs[0] for arm in arms], ignored=(SEED,))
     colors, styles = arm_styles(arms, keys)
-    # Constrained layout makes room for the legend and long labels (tight_layout warned when it could not).
+    second = (TIME_AXIS, "by_time") if timing else (STEP_AXIS, "by_step")
+    loss_specs = [spec for spec in ((TOKENS_AXIS, "series"), second) if _logged(arms, spec[1])]
+    rows = bars(arms, colors)
+    panels = bar_panels(runs, rows, table, timing)
+    row_labels = [bar_label(row.label) for row in rows]
     multiples = math.ceil(len(arms) / 4) if len(arms) > SMALL_MULTIPLES_ABOVE else 0
-    fig = plt.figure(figsize=(16, 10 + 3 * multiples), layout="constrained")
-    outer = fig.add_gridspec(3, 1, height_ratios=[1.3, 0.9 * multiples, 1]) if multiples else None
-    grid = outer[0].subgridspec(1, 6) if outer is not None else fig.add_gridspec(2, 6, height_ratios=[1.3, 1])
-    bar_grid = outer[2].subgridspec(1, 6) if outer is not None else grid
+    heights = [LOSS_HEIGHT] + [3.2 * multiples] * bool(multiples)
+    if panels:  # room for every row's wrapped label, and the titles above
+        lines = sum(label.count("\n") + 1 for label in row_labels) + 0.4 * len(rows)
+        heights.append(max(BAR_HEIGHT, 1.6 + LINE_INCHES * lines))
+    # Constrained layout makes room for the legend, the floors' names and long labels.
+    fig = plt.figure(figsize=(16, sum(heights) + 0.9), layout="constrained")
+    outer = fig.add_gridspec(len(heights), 1, height_ratios=heights)
     swept = ", ".join(key.split(".")[-1] for key in keys)
     seeded = any(arm.n >= 2 for arm in arms)
     fig.suptitle(
-        "what packing buys: colour = policy"
+        "what packing buys: colour = policy (a shade per arm)"
         + (f", line style = {swept}" if swept else "")
         + "; lines: train loss (EMA; raw faint), markers: validation loss"
         + (
@@ -320,83 +476,86 @@ def figure(
         fontsize=11,
     )
     labels = comparison_labels(table) if table is not None else {}
-    _loss_panels(fig, grid, runs, arms, colors, styles, labels, table, timing)
-    if outer is not None:  # many arms: one small panel each, 4 to a row
+    _loss_panels(fig, outer[0], loss_specs, runs, arms, colors, styles, labels, table)
+    if multiples:  # many arms: one small panel each, 4 to a row
         cells = outer[1].subgridspec(multiples, 4)
         small_multiples(
             fig, [cells[i // 4, i % 4] for i in range(len(arms))], runs, arms, colors, styles, labels
         )
-    _bar_panels(fig, bar_grid, runs, arms, colors, table, timing)
+    if panels:
+        _bar_panels(fig, outer[-1], rows, row_labels, panels)
     return fig
 
 
-def _loss_panels(fig, grid, runs, arms, colors, styles, labels, table, timing) -> None:
-    """Loss against real tokens and against training time (or steps), the arms' legend beside them."""
-    loss_axes = []
-    second = (TIME_AXIS, "by_time") if timing else (STEP_AXIS, "by_step")
-    for column, (xlabel, attribute) in enumerate(((TOKENS_AXIS, "series"), second)):
-        ax = fig.add_subplot(grid[0, 3 * column : 3 * column + 3])
+def _loss_panels(fig, cell, specs, runs, arms, colors, styles, labels, table) -> None:
+    """Loss against real tokens and against training time (or steps), those logged side by side on
+    one loss axis (none logged: the real tokens panel says so); the floors named once, right of the
+    first panel (between the two, level with both panels' floor lines), the arms' legend (and its
+    comparisons) right of the last panel, clear of the floors' names."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import EngFormatter
+    from matplotlib.transforms import ScaledTranslation
+
+    grid = cell.subgridspec(1, max(len(specs), 1))
+    ax = first = None
+    names = 0.0
+    for column, (xlabel, attribute) in enumerate(specs or [(TOKENS_AXIS, "series")]):
+        ax = fig.add_subplot(grid[0, column], sharey=first)
+        first = first or ax
         for arm, color, style in zip(arms, colors, styles, strict=True):
             _draw_arm(ax, arm, attribute, color, style, labels.get(id(arm), ""))
         short = xlabel.split(" (")[0]
         title = f"loss against {short}"
         if attribute == "by_time" and table is not None and table.contended:
             title += CONTENDED_NOTE
-        ax.set(xlabel=xlabel, ylabel="loss (nats per target)", title=title)
-        if not ax.lines:
-            ax.text(0.5, 0.5, f"no {short} logged", ha="center", transform=ax.transAxes)
+        ax.set(xlabel=xlabel, title=title)
+        if column == 0:
+            ax.set_ylabel("loss (nats per target)")
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 25k, 1.5M: ticks that never collide
+        if not specs:
+            ax.text(0.5, 0.5, "no train loss logged", ha="center", transform=ax.transAxes)
         else:
-            draw_floors(ax, runs)
-        loss_axes.append(ax)
-    # The arms' legend beside the right-hand loss panel, or the left one when no wall time was logged.
-    labelled = [ax for ax in loss_axes if ax.get_legend_handles_labels()[0]]
-    if labelled and labelled[-1] is loss_axes[-1]:
-        labelled[-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), title="arm")
-    elif labelled:  # inside the left panel: outside it would cover the right one
-        labelled[-1].legend(fontsize=8, loc="upper right", title="arm")
+            width = draw_floors(ax, runs, named=column == 0)
+            names = width if column == 0 else 0.0  # what the legend must clear: names beside its panel
+    handles, texts = ax.get_legend_handles_labels() if ax is not None else ([], [])
+    if ax is not None and handles:
+        # each entry its arm's line and its validations' marker
+        looks = {
+            _legend_label(arm, labels.get(id(arm), "")): (color, style)
+            for arm, color, style in zip(arms, colors, styles, strict=True)
+        }
+        handles = [
+            Line2D([], [], linestyle=looks[text][1], **_dot(*looks[text])) if text in looks else handle
+            for handle, text in zip(handles, texts, strict=True)
+        ]
+        beside = ax.transAxes + ScaledTranslation(names + 0.08, 0, fig.dpi_scale_trans)
+        ax.legend(
+            handles,
+            texts,
+            fontsize=8,
+            loc="center left",
+            bbox_to_anchor=(1.0, 0.5),
+            bbox_transform=beside,
+            title="arm",
+        )
 
 
-def _bar_panels(fig, bar_grid, runs, arms, colors, table, timing) -> None:
-    """Per arm (and for a single run per layout on its data): padding waste, truncated pairs, tokens/s."""
-    rows = bars(arms, colors)
+def _bar_panels(fig, cell, rows: list[Bar], row_labels: list[str], panels: list[Panel]) -> None:
+    """Per arm (and for a single run per layout on its data) the `panels` side by side, the rows'
+    wrapped labels left of the first."""
+    grid = cell.subgridspec(1, len(panels))  # constrained layout keeps the axes alike, labels aside
     y = np.arange(len(rows))
-    single = len(runs) == 1
-    layouts = f"\n(at max_seq_len {runs[0].max_seq_len}; hatched: layout only)" if single else ""
-    panels = (
-        (
-            WASTE_TITLE + layouts,
-            [r.waste for r in rows],
-            [percent(r.waste) for r in rows],
-            True,
-            "waste_band",
-        ),
-        (
-            TRUNCATION_TITLE + layouts,
-            [r.truncated for r in rows],
-            [_truncation_text(r) for r in rows],
-            True,
-            None,
-        ),
-        (
-            SPEED_TITLE + (CONTENDED_NOTE if table is not None and table.contended else ""),
-            [r.tokens_per_sec for r in rows],
-            [f"{r.tokens_per_sec:,.0f}" if r.trained else "not trained" for r in rows],
-            False,
-            "speed_band",
-        ),
-    )[: 3 if timing else 2]
-    width = 6 // len(panels)
-    for column, (title, values, texts, fraction, band) in enumerate(panels):
-        ax = fig.add_subplot(bar_grid[-1, width * column : width * column + width])
-        _draw_bars(ax, rows, y, column, title, values, texts, fraction, band)
+    for column, panel in enumerate(panels):
+        ax = fig.add_subplot(grid[0, column])
+        _draw_bars(ax, rows, y, row_labels if column == 0 else [""] * len(rows), panel)
 
 
-def _draw_bars(ax, rows, y, column, title, values, texts, fraction, band) -> None:
+def _draw_bars(ax, rows: list[Bar], y, tick_labels: list[str], panel: Panel) -> None:
     """One bottom panel: a bar per row (hatched: a layout not trained), with the seeds' band."""
     from matplotlib.ticker import PercentFormatter
 
-    drawn = [v if math.isfinite(v) else 0.0 for v in values]
-    bands = [getattr(r, band) if band else None for r in rows]
+    drawn = [v if math.isfinite(v) else 0.0 for v in panel.values]
+    bands = [getattr(r, panel.band) if panel.band else None for r in rows]
     errors = None
     if any(bands):  # the seeds' band around the arm's mean
         errors = np.array(
@@ -409,12 +568,16 @@ def _draw_bars(ax, rows, y, column, title, values, texts, fraction, band) -> Non
         if not row.trained:
             bar.set_hatch("//")
             bar.set_alpha(0.55)
-    ax.set_yticks(y, [_cut(r.label) for r in rows] if column == 0 else [""] * len(rows), fontsize=8)
+    ax.set_yticks(y, tick_labels, fontsize=8)
     ax.invert_yaxis()  # the legend's order, top to bottom
-    ax.set_title(title, fontsize=10)
-    ax.bar_label(bar_set, labels=texts, fontsize=7, padding=2)
+    ax.set_title(panel.title, fontsize=10)
+    notes = ax.bar_label(bar_set, labels=panel.texts, fontsize=7, padding=2)
+    for note, value in zip(notes, panel.values, strict=True):
+        if not math.isfinite(value):  # not measured: said in grey
+            note.set_color("0.45")
+            note.set_fontstyle("italic")
     top = max([*drawn, *(b[1] for b in bands if b)], default=0.0)
-    if fraction:  # room for the labels; an all-zero panel reads 0-5%, none goes past 100%
+    if panel.fraction:  # room for the labels; an all-zero panel reads 0-5%, none goes past 100%
         ax.set_xlim(0, max(top * 1.4, 0.05))
         if top * 1.4 > 1:
             ax.set_xticks(np.linspace(0, 1, 5))

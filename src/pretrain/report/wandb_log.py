@@ -12,6 +12,8 @@ import yaml
 from ..training.run_record import Run
 from .arm_render import WANDB_COLUMNS, wandb_rows
 from .arm_table import ArmTable
+from .contrast_render import CONTRAST_FIELDS, wandb_contrast_rows
+from .contrasts import ContrastTable
 from .table import COLUMNS, table_rows
 
 
@@ -56,12 +58,14 @@ def log_to_wandb(
     entity: str | None = None,
     mode: str | None = None,
     arms: ArmTable | None = None,
+    contrasts: ContrastTable | None = None,
 ) -> str:
     """Log the comparison tables (`compare/arms`, a `wandb.Table` with arm_render.WANDB_COLUMNS, one
-    row per metric and arm; `compare/table`, one row per run with COLUMNS) and plot (`compare/plot`)
-    into a new W&B run `compare-<group>` (job type `compare`) of the runs' group.
-    Project and entity default to the runs' own; offline without an API key. Returns the run's URL
-    (online) or its local directory (offline: `wandb sync DIR` uploads it later)."""
+        row per metric and arm; `compare/contrasts`, contrast_render.CONTRAST_FIELDS, one row per contrast
+    as compare.json holds them; `compare/table`, one row per run with COLUMNS) and plot (`compare/plot`)
+        into a new W&B run `compare-<group>` (job type `compare`) of the runs' group.
+        Project and entity default to the runs' own; offline without an API key. Returns the run's URL
+        (online) or its local directory (offline: `wandb sync DIR` uploads it later)."""
     import wandb
 
     from ..training.loggers import PLOT_KEY, wandb_mode
@@ -98,6 +102,15 @@ def log_to_wandb(
                 **(
                     {"compare/arms": wandb.Table(columns=list(WANDB_COLUMNS), data=wandb_rows(arms))}
                     if arms
+                    else {}
+                ),
+                **(
+                    {
+                        "compare/contrasts": wandb.Table(
+                            columns=list(CONTRAST_FIELDS), data=wandb_contrast_rows(contrasts)
+                        )
+                    }
+                    if contrasts is not None and contrasts.contrasts
                     else {}
                 ),
                 PLOT_KEY: wandb.Image(str(plot_path)),
