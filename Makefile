@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-e2e test-all bench lint train sweep study study-masking gpu-check gpu-wheels gpu-cache clean
+.PHONY: install test test-e2e test-all bench lint try train sweep study study-masking gpu-check gpu-wheels gpu-cache clean \
+	clean-outputs
 
 # pip shows its progress: the first install downloads ~1 GB and takes minutes.
 $(STAMP): pyproject.toml
@@ -55,6 +56,20 @@ lint: install
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# The fastest first look: one tiny padded and one tiny bestfit run (experiment=try: 12 steps of 4 x 128,
+# validated 4 times), then `pretrain compare` on both: about a minute on 2 idle cores after the install.
+# outputs/try/latest points at the newest.
+TRY_DIR := outputs/try/$(shell date +%Y-%m-%d_%H-%M-%S)
+
+try: install
+	$(PY) train.py --multirun experiment=try data=padded,bestfit hydra.sweep.dir=$(TRY_DIR) \
+		'hydra.sweep.subdir=$${data.policy}'
+	ln -sfn $(notdir $(TRY_DIR)) outputs/try/latest
+	$(VENV)/bin/pretrain compare $(TRY_DIR) --output $(TRY_DIR)/compare.png
+	@echo "runs:       $(TRY_DIR)/padded  $(TRY_DIR)/bestfit  (also outputs/try/latest/)"
+	@echo "comparison: $(TRY_DIR)/compare.png  compare.md  compare.json  compare-contrast.png"
+	@echo "next:       make train (the demo, ~3 min), or source $(VENV)/bin/activate and the README's commands"
+
 # The demo: a padded baseline and a bestfit run at equal steps (experiment=demo), then `pretrain compare`
 # on both: ~3 minutes on 2 idle cores after the install. TRAIN_ARGS adds overrides to both runs.
 # outputs/demo/latest points at the newest demo's directory.
@@ -68,7 +83,7 @@ train: install
 	$(VENV)/bin/pretrain compare $(DEMO_DIR) --output $(DEMO_DIR)/compare.png
 	@echo "runs:       $(DEMO_DIR)/padded  $(DEMO_DIR)/bestfit  (also outputs/demo/latest/)"
 	@echo "checkpoint: $(DEMO_DIR)/bestfit/checkpoints/last.ckpt"
-	@echo "comparison: $(DEMO_DIR)/compare.png  $(DEMO_DIR)/compare.md"
+	@echo "comparison: $(DEMO_DIR)/compare.png  compare.md  compare.json  compare-contrast.png"
 	@echo "next:       source $(VENV)/bin/activate, then the README's commands"
 
 sweep: install
@@ -139,6 +154,12 @@ gpu-cache: install
 	rm -rf $(GPU_CACHE)
 	$(VENV)/bin/pretrain inspect-data source=pkgdocs cache_root=$(GPU_CACHE) output=$(GPU_CACHE).json
 	$(PY) scripts/gpu_masking_study.py --check-cache $(GPU_CACHE)
+
+# clean-outputs removes the runs (everything under outputs/ but outputs/.gitkeep) and keeps .venv and the
+# token cache data-cache/; clean removes those too (.venv, data-cache, outputs/*, .pytest_cache).
+clean-outputs:
+	find outputs -mindepth 1 -maxdepth 1 ! -name .gitkeep -exec rm -rf {} +
+	@echo "removed the runs under outputs/; kept $(VENV) and data-cache/ (make clean removes those too)"
 
 clean:
 	rm -rf $(VENV) data-cache outputs/* .pytest_cache

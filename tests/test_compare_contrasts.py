@@ -16,6 +16,7 @@ import pytest
 import yaml
 from scipy import stats
 
+from pretrain.cli import main, parse_args
 from pretrain.errors import ConfigError
 from pretrain.report.arm_table import arm_table
 from pretrain.report.arms import group_arms
@@ -353,3 +354,18 @@ def test_the_command_writes_the_contrasts_contrast_table_computes(full_compare):
     assert [c.diff for c in table.contrasts] == pytest.approx(
         [c["diff"] if c["diff"] is not None else math.nan for c in document["contrasts"]], nan_ok=True
     )
+
+
+def test_the_cli_passes_contrast_and_refuses_an_unvaried_key_in_one_line(tmp_path, capsys):
+    root = write_sweep(tmp_path / "sweep", seeds=(0,))
+    args = parse_args(["compare", str(root), "--contrast", "train.batch_size", "--output", "x.png"])
+    assert (args.contrast, args.dirs) == ("train.batch_size", [str(root)])
+    with pytest.raises(SystemExit) as stopped:
+        main(["compare", str(root), "--contrast", "model.d_model", "--output", str(tmp_path / "c.png")])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error == [
+        "error: --contrast model.d_model: the compared runs do not vary it; keys they vary: "
+        "data.policy, data.max_seq_len, train.batch_size"
+    ]
+    assert not (tmp_path / "c.png").exists()

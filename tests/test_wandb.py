@@ -19,6 +19,7 @@ from pretrain.data.policies import PolicySettings
 from pretrain.data.stats import inspect_split
 from pretrain.report.arm_render import WANDB_COLUMNS
 from pretrain.report.compare import plot_run
+from pretrain.report.contrast_render import CONTRAST_FIELDS
 from pretrain.report.table import COLUMNS
 from pretrain.report.wandb_log import run_group_of
 from pretrain.training.loggers import (
@@ -241,6 +242,21 @@ def test_compare_logs_the_table_and_plot_into_one_run_of_the_group(sweep):
         load_run(sweep / "sweep" / "bestfit").last("train/loss")
     )
     assert final["std"] is None and final["diff"] is None  # the reference (first arm), one seed
+    # The contrasts (data.policy varies: one cell, bestfit the first level), as compare.json has them.
+    logged = json.loads((run.path.parent / "files" / row["compare/contrasts"]["path"]).read_text())
+    assert logged["columns"] == list(CONTRAST_FIELDS)
+    contrasts = [dict(zip(CONTRAST_FIELDS, r, strict=True)) for r in logged["data"]]
+    (val,) = [c for c in contrasts if c["metric"] == "val_loss"]
+    assert (val["level"], val["reference"], val["setting"], val["test"]) == (
+        "prepacked document_mask=false",
+        "bestfit",
+        "all runs",
+        "n<2",
+    )
+    losses = {name: load_run(sweep / "sweep" / name).last("val/loss") for name in ("bestfit", "concat")}
+    assert val["diff"] == pytest.approx(losses["concat"] - losses["bestfit"])
+    written = json.loads((sweep / "cmp" / "cmp.json").read_text())["contrasts"]
+    assert [c["diff"] for c in written] == [c["diff"] for c in contrasts]
 
 
 def _job(tmp_path: Path, hydra: dict | None, **config) -> Run:

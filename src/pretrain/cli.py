@@ -323,7 +323,8 @@ def _add_compare(sub) -> None:
     compare.add_argument(
         "--reference",
         metavar="ARM",
-        help="the arm the others are compared with, by its label in the table (default: the first arm)",
+        help="the arm the others are compared with, by its label in the table (default: the first padded "
+        "arm, else the first arm); its level is also the contrasts' reference",
     )
     compare.add_argument(
         "--contrast",

@@ -20,9 +20,12 @@ The markdown table next to the image: the arms' table (arm_table.py: mean, std a
 train/val loss, val loss interpolated at a common real-token count and at a common training time,
 tokens/s and padding waste, and each arm's comparison with the reference arm: the difference with
 its 95% t interval, p, Holm p, the detectable effect and the test, paired by seed where it can be),
-then one row per run with every number. With `--wandb` the same tables
-(`wandb.Table`s, numbers as numbers: `compare/arms`, `compare/table`) and the plot go into one W&B
-run (job type `compare`) of the compared runs' group.
+then the contrasts at matched settings (contrasts.py: each policy against padded inside each cell
+of the other varied keys, and the pooled line), then one row per run with every number. Beside it,
+compare.json (every number, compare_json.py) and the contrast figure (contrast_figure.py). The
+terminal gets one screen (summary.py). With `--wandb` the same tables (`wandb.Table`s, numbers as
+numbers: `compare/arms`, `compare/contrasts`, `compare/table`) and the plot go into one W&B run (job
+type `compare`) of the compared runs' group.
 """
 
 from __future__ import annotations

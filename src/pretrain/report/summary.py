@@ -39,13 +39,14 @@ def _row(label: str, c: Contrast, fmt: str = "{:+.4f}") -> str:
 
 def _contrast_lines(contrasts: ContrastTable) -> list[str]:
     lines: list[str] = []
-    cells = " x ".join(key.split(".")[-1] for key in contrasts.keys) or "one cell"
+    cells = " x ".join(key.split(".")[-1] for key in contrasts.keys)
     shown = 0
     for level in contrasts.levels[1:]:
         rows = [c for c in contrasts.rows(HEADLINE, pooled=False) if c.level == level]
         if not rows:
             continue
-        lines.append(f"{level} - {contrasts.reference}, final val loss per cell of {cells} (diff [95% CI]):")
+        where = f" per cell of {cells}" if contrasts.keys else ""
+        lines.append(f"{level} - {contrasts.reference}, final val loss{where} (diff [95% CI]):")
         for c in rows:
             if shown == MAX_ROWS:
                 break
