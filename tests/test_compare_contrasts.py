@@ -369,3 +369,33 @@ def test_the_cli_passes_contrast_and_refuses_an_unvaried_key_in_one_line(tmp_pat
         "data.policy, data.max_seq_len, train.batch_size"
     ]
     assert not (tmp_path / "c.png").exists()
+
+
+def test_a_sweeps_legend_says_what_each_arm_did_against_padded_at_its_own_settings(tmp_path):
+    """Not against one padded arm at other settings: each bestfit arm's legend entry carries its
+    cell's contrast, each padded arm is its cell's reference."""
+    import matplotlib.pyplot as plt
+
+    from pretrain.report.contrast_render import arm_contrast_labels
+    from pretrain.report.figure import figure
+
+    root = write_sweep(tmp_path / "sweep")
+    runs = [load_run(path) for path in find_runs([root])]
+    arms = group_arms(runs)
+    labels = arm_contrast_labels(contrast_table(arms, "data.policy"))
+    truth = cell_values(root)
+    for arm in arms:
+        policy = arm.config["data"]["policy"]
+        key = (arm.config["train"]["batch_size"], arm.config["data"]["max_seq_len"])
+        if policy == "padded":
+            assert labels[id(arm)] == "reference here"
+        else:
+            diff = np.mean(list(truth[key]["bestfit"].values())) - np.mean(
+                list(truth[key]["padded"].values())
+            )
+            assert labels[id(arm)].startswith(f"vs padded here: final val {diff:+.3f} [")
+    fig = figure(runs, arms, arm_table(arms), labels=labels)
+    legend = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert sum("vs padded here" in text for text in legend) == 4
+    assert sum("reference here" in text for text in legend) == 4
+    plt.close(fig)

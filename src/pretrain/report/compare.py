@@ -45,7 +45,7 @@ from .arm_render import markdown
 from .arm_table import arm_table, reference_arm
 from .arms import SEED, Arm, distinguishing_paths, group_arms
 from .compare_json import compare_document, write_compare_json
-from .contrast_render import contrast_markdown
+from .contrast_render import arm_contrast_labels, contrast_markdown
 from .contrasts import choose_factor, contrast_table
 from .figure import check_output, plot
 from .summary import HEADLINE, summary_lines
@@ -145,7 +145,9 @@ def compare(
     arms_table = arm_table(arms, reference, at_tokens, at_seconds, at_step, paired)
     ref = arms_table.reference if reference is not None else None
     contrasts = contrast_table(arms, factor, ref, at_tokens, at_seconds, at_step, paired) if factor else None
-    plot(runs, output, arms, arms_table, timing)
+    # A sweep's legend says what each arm did against the reference at its own settings.
+    labels = arm_contrast_labels(contrasts) if contrasts is not None and contrasts.keys else None
+    plot(runs, output, arms, arms_table, timing, labels)
     files = [output]
     if contrasts is not None:
         from .contrast_figure import plot_contrasts
@@ -155,9 +157,9 @@ def compare(
         )
         files += [drawn] if drawn is not None else []
     sections = [markdown(arms_table)]
-    if contrasts is not None and contrasts.contrasts:
+    if contrasts is not None and contrasts.contrasts:  # after the arms' table, which starts compare.md
         sections.append(
-            "\n".join(contrast_markdown(contrasts, metrics(runs, at_tokens, at_seconds, at_step)))
+            "\n".join(contrast_markdown(contrasts, metrics(runs, at_tokens, at_seconds, at_step))) + "\n",
         )
     sections.append("## runs\n\n" + markdown_table(runs))
     files += [output.with_suffix(".md"), output.with_suffix(".json")]

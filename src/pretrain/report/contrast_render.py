@@ -107,3 +107,20 @@ def contrast_markdown(table: ContrastTable, metrics: list[Metric]) -> list[str]:
         lines += ["", "cells without every level (no contrast there):"]
         lines += [f"- {describe(setting)}: no {', '.join(levels)} run" for setting, levels in table.missing]
     return lines
+
+
+def arm_contrast_labels(table: ContrastTable, metric: str = "val_loss") -> dict[int, str]:
+    """Per arm (by id), for the figure's legend: its final val loss against the reference level in its
+    own cell (`vs padded here: -0.052 [-0.090, -0.014], Holm p 0.031 (paired t)`), `reference here`
+    for the reference level's arm of a cell that has a contrast. Arms of a cell without the reference
+    get none: nothing at matched settings to say."""
+    labels: dict[int, str] = {}
+    for c in table.rows(metric, pooled=False):
+        cell = next(cell for cell in table.cells if cell.setting == c.setting)
+        labels[id(cell.arms[table.reference])] = "reference here"
+        if c.test == TOO_FEW:
+            text = f"{c.diff:+.3f} (n<2: no test)"
+        else:
+            text = f"{c.diff:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}], Holm p {p_text(c.p_holm)} ({c.test})"
+        labels[id(cell.arms[c.level])] = f"vs {c.reference} here: final val {text}"
+    return labels

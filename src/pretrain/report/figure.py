@@ -429,7 +429,11 @@ LINE_INCHES = 8 * 1.25 / 72
 
 
 def figure(
-    runs: list[Run], arms: list[Arm] | None = None, table: ArmTable | None = None, timing: bool = True
+    runs: list[Run],
+    arms: list[Arm] | None = None,
+    table: ArmTable | None = None,
+    timing: bool = True,
+    labels: dict[int, str] | None = None,
 ):
     """The comparison figure (not saved): loss against real tokens and against training time, one
     line per arm (a single seed's curve, or the seeds' mean with a band) and its validations as
@@ -439,7 +443,9 @@ def figure(
     entry carries its final val loss comparison with the reference, and the floors the runs share are
     drawn as horizontal lines, named in the margin. `timing=False` (a figure to publish from a shared
     machine, whose times are load noise) draws loss against optimizer steps instead of seconds and
-    leaves out the tokens/s bars. A panel with nothing logged is left out (the others take its room)."""
+    leaves out the tokens/s bars. A panel with nothing logged is left out (the others take its room).
+    `labels` (by arm id) replaces the legend's comparisons: a sweep's matched contrasts, each arm
+    against the reference level in its own cell (contrast_render.arm_contrast_labels)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -475,7 +481,8 @@ def figure(
         ),
         fontsize=11,
     )
-    labels = comparison_labels(table) if table is not None else {}
+    if labels is None:
+        labels = comparison_labels(table) if table is not None else {}
     _loss_panels(fig, outer[0], loss_specs, runs, arms, colors, styles, labels, table)
     if multiples:  # many arms: one small panel each, 4 to a row
         cells = outer[1].subgridspec(multiples, 4)
@@ -592,10 +599,11 @@ def plot(
     arms: list[Arm] | None = None,
     table: ArmTable | None = None,
     timing: bool = True,
+    labels: dict[int, str] | None = None,
 ) -> None:
     import matplotlib.pyplot as plt
 
-    fig = figure(runs, arms, table, timing)
+    fig = figure(runs, arms, table, timing, labels)
     output.parent.mkdir(parents=True, exist_ok=True)
     try:  # atomically: a full disk leaves the old plot or none, never a truncated one
         with atomic_write(output) as handle:
