@@ -20,17 +20,9 @@ from pretrain.config import to_config
 from pretrain.data.policies import PolicySettings
 from pretrain.data.stats import inspect_split
 from pretrain.report.compare import compare
-from pretrain.report.figure import (
-    SPEED_TITLE,
-    TIME_AXIS,
-    TOKENS_AXIS,
-    TRUNCATION_TITLE,
-    WASTE_TITLE,
-    arm_colors,
-    figure,
-    percent,
-    plot,
-)
+from pretrain.report.figure import TIME_AXIS, TOKENS_AXIS, figure, plot
+from pretrain.report.figure_bars import SPEED_TITLE, TRUNCATION_TITLE, WASTE_TITLE, percent
+from pretrain.report.figure_colors import arm_colors
 from pretrain.report.statistics import smooth
 from pretrain.report.table import layout_arms, layout_statistics
 from pretrain.training.run_record import load_run

@@ -24,7 +24,8 @@ from pretrain.report.arm_render import WANDB_COLUMNS, markdown
 from pretrain.report.arm_table import arm_table
 from pretrain.report.arms import group_arms
 from pretrain.report.compare import compare, find_runs, label_runs
-from pretrain.report.figure import arm_colors, figure
+from pretrain.report.figure import figure
+from pretrain.report.figure_colors import arm_colors
 from pretrain.report.statistics import (
     detectable_effect,
     interpolate_at,

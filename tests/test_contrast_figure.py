@@ -13,7 +13,7 @@ from matplotlib.text import Text
 
 from pretrain.report.contrast_figure import contrast_figure, plot_contrasts
 from pretrain.report.contrasts import Contrast
-from pretrain.report.figure import arm_colors
+from pretrain.report.figure_colors import arm_colors
 
 NAN = math.nan
 

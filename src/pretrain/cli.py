@@ -333,6 +333,23 @@ def _add_compare(sub) -> None:
         "runs vary, seeds paired inside it (default: data.policy when it varies), e.g. "
         "--contrast data.document_mask",
     )
+    _add_interpolation_options(compare)
+    compare.add_argument(
+        "--unpaired",
+        action="store_true",
+        help="Welch's t test for every arm; by default arms that ran the same seeds are compared "
+        "seed by seed (paired t)",
+    )
+    compare.add_argument(
+        "--no-timing",
+        action="store_true",
+        help="a figure without times, for publishing from a shared machine: loss against optimizer steps "
+        "instead of seconds, no tokens/s bars (the tables keep them)",
+    )
+
+
+def _add_interpolation_options(compare) -> None:
+    """compare's `--at-tokens`, `--at-seconds`, `--at-step`: where val loss is interpolated."""
     compare.add_argument(
         "--at-tokens",
         type=float,
@@ -352,18 +369,6 @@ def _add_compare(sub) -> None:
         metavar="N",
         help="optimizer step at which val loss is interpolated "
         "(default: the last step every run validated at)",
-    )
-    compare.add_argument(
-        "--unpaired",
-        action="store_true",
-        help="Welch's t test for every arm; by default arms that ran the same seeds are compared "
-        "seed by seed (paired t)",
-    )
-    compare.add_argument(
-        "--no-timing",
-        action="store_true",
-        help="a figure without times, for publishing from a shared machine: loss against optimizer steps "
-        "instead of seconds, no tokens/s bars (the tables keep them)",
     )
 
 

@@ -40,13 +40,13 @@ from ..errors import ConfigError
 from ..fileio import write_text_atomic
 from ..training.metrics_file import FILE_NAME
 from ..training.run_record import LOSS, Run, load_run
-from .arm_metrics import metrics
+from .arm_metrics import Metric, metrics
 from .arm_render import markdown
-from .arm_table import arm_table, reference_arm
+from .arm_table import ArmTable, arm_table, reference_arm
 from .arms import SEED, Arm, distinguishing_paths, group_arms
 from .compare_json import compare_document, write_compare_json
 from .contrast_render import arm_contrast_labels, contrast_markdown
-from .contrasts import choose_factor, contrast_table
+from .contrasts import ContrastTable, choose_factor, contrast_table
 from .figure import check_output, plot
 from .summary import HEADLINE, summary_lines
 from .table import cache_floors_of, layout_arms, layout_statistics, markdown_table
@@ -94,6 +94,42 @@ def label_runs(arms: list[Arm]) -> None:
             run.label = f"{label} ({where})"
 
 
+def logged_runs(directories: list[Path]) -> list[Run]:
+    """The runs under the directories that have logged a train loss (the others named in a warning)."""
+    runs = [load_run(path) for path in find_runs([Path(d) for d in directories])]
+    for run in runs:
+        if not run.series.get(LOSS):
+            log.warning(f"{run.path / FILE_NAME} has no logged {LOSS} yet: left out of the comparison")
+    runs = [run for run in runs if run.series.get(LOSS)]
+    if not runs:
+        where = " ".join(str(d) for d in directories)
+        raise ConfigError(f"no run under {where} has logged {LOSS} yet: nothing to compare")
+    return runs
+
+
+def _contrast_figure(contrasts: ContrastTable | None, output: Path) -> list[Path]:
+    """The per-cell contrast figure beside the plot (`<name>-contrast.<suffix>`), when there is one."""
+    if contrasts is None:
+        return []
+    from .contrast_figure import plot_contrasts
+
+    drawn = plot_contrasts(
+        contrasts.contrasts, output.with_name(f"{output.stem}-contrast{output.suffix}"), HEADLINE
+    )
+    return [drawn] if drawn is not None else []
+
+
+def _markdown(
+    runs: list[Run], table: ArmTable, contrasts: ContrastTable | None, formats: list[Metric]
+) -> str:
+    """compare.md: the arms' table first (DESIGN), then the contrasts, then one row per run."""
+    sections = [markdown(table)]
+    if contrasts is not None and contrasts.contrasts:
+        sections.append("\n".join(contrast_markdown(contrasts, formats)) + "\n")
+    sections.append("## runs\n\n" + markdown_table(runs))
+    return "\n".join(sections)
+
+
 def plot_run(run_dir: Path) -> Path:
     """A finished run's own comparison plot, `<run_dir>/compare.png` (what `python train.py` draws at
     the end of a single run, and into W&B)."""
@@ -127,14 +163,7 @@ def compare(
     for option, value in (("--at-tokens", at_tokens), ("--at-seconds", at_seconds), ("--at-step", at_step)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ConfigError(f"{option} {value} must be a positive number")
-    runs = [load_run(path) for path in find_runs([Path(d) for d in directories])]
-    for run in runs:
-        if not run.series.get(LOSS):
-            log.warning(f"{run.path / FILE_NAME} has no logged {LOSS} yet: left out of the comparison")
-    runs = [run for run in runs if run.series.get(LOSS)]
-    if not runs:
-        where = " ".join(str(d) for d in directories)
-        raise ConfigError(f"no run under {where} has logged {LOSS} yet: nothing to compare")
+    runs = logged_runs(directories)
     arms = group_arms(runs)
     reference_arm(arms, reference)  # an unknown --reference or --contrast stops before the slow work
     factor = choose_factor(arms, contrast)
@@ -148,22 +177,10 @@ def compare(
     # A sweep's legend says what each arm did against the reference at its own settings.
     labels = arm_contrast_labels(contrasts) if contrasts is not None and contrasts.keys else None
     plot(runs, output, arms, arms_table, timing, labels)
-    files = [output]
-    if contrasts is not None:
-        from .contrast_figure import plot_contrasts
-
-        drawn = plot_contrasts(
-            contrasts.contrasts, output.with_name(f"{output.stem}-contrast{output.suffix}"), HEADLINE
-        )
-        files += [drawn] if drawn is not None else []
-    sections = [markdown(arms_table)]
-    if contrasts is not None and contrasts.contrasts:  # after the arms' table, which starts compare.md
-        sections.append(
-            "\n".join(contrast_markdown(contrasts, metrics(runs, at_tokens, at_seconds, at_step))) + "\n",
-        )
-    sections.append("## runs\n\n" + markdown_table(runs))
+    files = [output, *_contrast_figure(contrasts, output)]
     files += [output.with_suffix(".md"), output.with_suffix(".json")]
-    write_text_atomic(files[-2], "\n".join(sections))
+    formats = metrics(runs, at_tokens, at_seconds, at_step)  # the contrasts' number formats
+    write_text_atomic(files[-2], _markdown(runs, arms_table, contrasts, formats))
     write_compare_json(files[-1], compare_document(arms, arms_table, contrasts, files))
     if not quiet:
         print("\n".join(summary_lines(runs, arms, arms_table, contrasts, files)))

@@ -3,13 +3,12 @@ line style the values of the other keys the arms differ in), its validations as 
 real tokens and against training time or steps, small multiples for many arms, and per arm the padding
 waste, truncated pairs and real tokens per second below (a single run also beside what the other
 layouts would do on its data). Nothing is cut: long labels wrap; a panel with nothing to show is left
-out; the floors are named in the margin, clear of the curves."""
+out; the floors are named in the margin, clear of the curves. Here: the loss panels and the figure's
+assembly; its colours are figure_colors', its bottom panels figure_bars'."""
 
 from __future__ import annotations
 
 import math
-import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,104 +16,15 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..fileio import atomic_write
-from ..training.run_record import LOSS, Run, run_numbers
+from ..training.run_record import LOSS, Run
 from .arm_render import p_text
 from .arm_table import ArmTable
-from .arms import SEED, Arm, flat_config, group_arms, swept_keys
+from .arms import SEED, Arm, group_arms, swept_keys
+from .figure_bars import CONTENDED_NOTE, bar_label, bar_panels, bars, draw_bar_panels, wrapped
+from .figure_colors import LINE_STYLES, arm_styles
 from .floors import DESCRIPTION, FLOORS
 from .floors import shared as shared_floor
-from .statistics import BAND_MIN_MAX_UP_TO, TOO_FEW, band_name, mean_curve, mean_points, smooth, summarize
-
-LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
-"""One line style per combination of the swept keys' values."""
-
-PALETTE = tuple(
-    f"tab:{c}" for c in ("red", "purple", "blue", "orange", "green", "brown", "pink", "olive", "cyan")
-)
-"""Arm colours: the registered policies' defaults take the first ones, in registry order."""
-
-
-def arm_colors(arms: list[str]) -> dict[str, str]:
-    """One colour per arm: the registered policies' defaults first (the same colour in every figure),
-    then the variants in the order given."""
-    from ..data.policies import REGISTRY
-
-    ordered = list(dict.fromkeys([*map(str, REGISTRY), *arms]))
-    return {arm: PALETTE[i % len(PALETTE)] for i, arm in enumerate(ordered)}
-
-
-SHADES = (0.0, -0.4, 0.4, -0.65, 0.6, -0.2, 0.2)
-"""The shades of a policy's colour its arms take in turn (negative: toward black, positive: toward
-white): the first arm of a policy keeps the policy's own colour (`arm_colors`), the next ones are
-darker and lighter, so arms of one policy read as one family yet apart."""
-
-
-def shade(color: str, amount: float) -> str:
-    """`color` mixed toward black (`amount` < 0) or white (> 0) by |amount|; itself at 0."""
-    if amount == 0:
-        return color
-    from matplotlib.colors import to_hex, to_rgb
-
-    target = 0.0 if amount < 0 else 1.0
-    red, green, blue = (c + (target - c) * abs(amount) for c in to_rgb(color))
-    return str(to_hex((red, green, blue)))
-
-
-def policy_of(layout: str) -> str:
-    """The policy of a layout name (`prepacked strategy=bfd` -> `prepacked`)."""
-    return layout.split(" ")[0]
-
-
-def family_colors(layouts: list[str]) -> list[str]:
-    """One colour per entry (an arm or a layout row): its policy's colour (`arm_colors`, the same in
-    every figure), in a shade of its own (`SHADES`, in the order given) when entries share a policy."""
-    policies = [policy_of(layout) for layout in layouts]
-    palette = arm_colors(policies)
-    seen: dict[str, int] = {}
-    colors = []
-    for policy in policies:
-        rank = seen[policy] = seen.get(policy, -1) + 1
-        colors.append(shade(palette[policy], SHADES[rank % len(SHADES)]))
-    return colors
-
-
-def arm_styles(arms: list[Arm], keys: list[str]) -> tuple[list[str], list[Any]]:
-    """(colour, line style) per arm: the colour is a shade of its policy's (`family_colors`), the style
-    that of the values of the other keys the arms differ in."""
-    combos = [tuple(repr(flat_config(arm.config).get(key)) for key in keys) for arm in arms]
-    order = list(dict.fromkeys(combos))
-    colors = family_colors([arm.layout for arm in arms])
-    return colors, [LINE_STYLES[order.index(combo) % len(LINE_STYLES)] for combo in combos]
-
-
-LEGEND_WIDTH = 48
-"""Legend labels and small panels' titles wrap at this many characters."""
-
-BAR_LABEL_WIDTH = 30
-"""The bottom panels' row labels wrap at this many characters (the panel's margin grows to fit them)."""
-
-
-def wrapped(label: str, width: int = LEGEND_WIDTH) -> str:
-    """`label` in lines of at most `width` characters, whole (a long word is broken, never cut)."""
-    return "\n".join(textwrap.wrap(label, width, break_long_words=True)) or label
-
-
-LAYOUT_ONLY = "(layout only)"
-
-
-def bar_label(label: str) -> str:
-    """A bottom panel's row label, wrapped at BAR_LABEL_WIDTH, `(layout only)` kept on one line."""
-    glued = LAYOUT_ONLY.replace(" ", "\u00a0")  # textwrap breaks at ASCII spaces only
-    return wrapped(label.replace(LAYOUT_ONLY, glued), BAR_LABEL_WIDTH).replace(glued, LAYOUT_ONLY)
-
-
-def percent(value: float) -> str:
-    """A fraction as a bar label: `0%` for nothing (never `-0.0%`), `<0.1%` for a trace, `n/a` unknown."""
-    if not math.isfinite(value):
-        return "n/a"
-    if value <= 0:
-        return "0%"
-    return "<0.1%" if value < 0.0005 else f"{value:.1%}"
+from .statistics import BAND_MIN_MAX_UP_TO, TOO_FEW, band_name, mean_curve, mean_points, smooth
 
 
 def image_formats() -> set[str]:
@@ -135,80 +45,11 @@ def check_output(output: Path) -> None:
         )
 
 
-@dataclass
-class Bar:
-    """One row of the bottom panels: an arm (its seeds' mean and band), or (single run) a layout it is
-    compared with."""
-
-    label: str
-    color: str
-    waste: float
-    truncated: float  # a fraction of the prediction pairs
-    truncated_pairs: float
-    tokens_per_sec: float
-    trained: bool = True
-    waste_band: tuple[float, float] | None = None  # over the arm's seeds (n >= 2)
-    speed_band: tuple[float, float] | None = None
-
-
-def _arm_bar(arm: Arm, color: str) -> Bar:
-    waste = summarize([run.mean("train/padding_waste") for run in arm.runs])
-    speed = summarize([run_numbers(run)["tokens_per_sec"] for run in arm.runs])
-    pairs = [run.layouts.get(run.arm, {}).get("truncated_pairs", math.nan) for run in arm.runs]
-    return Bar(
-        arm.label,
-        color,
-        waste.mean,
-        summarize([run.truncated_fraction() for run in arm.runs]).mean,
-        summarize(pairs).mean,
-        speed.mean,
-        waste_band=waste.band() if waste.n >= 2 else None,
-        speed_band=speed.band() if speed.n >= 2 else None,
-    )
-
-
-def bars(arms: list[Arm], colors: list[str]) -> list[Bar]:
-    """The arms (measured waste and speed, their layout's truncation: means over seeds, with the band);
-    for a single run also the other layouts on its data at its max_seq_len (hatched in the figure:
-    computed, not trained; a shade of their policy's colour beside the run's own)."""
-    rows = [_arm_bar(arm, color) for arm, color in zip(arms, colors, strict=True)]
-    if len(arms) == 1 and arms[0].n == 1:
-        (run,) = arms[0].runs
-        others = [arm for arm in run.layouts if arm != run.arm]
-        shades = family_colors([run.arm, *others])[1:]  # the run's own keeps its policy's colour
-        for arm, color in zip(others, shades, strict=True):
-            layout = run.layouts[arm]
-            rows.append(
-                Bar(
-                    f"{arm} {LAYOUT_ONLY}",
-                    color,
-                    layout["padding_waste"],
-                    run.truncated_fraction(arm),
-                    layout["truncated_pairs"],
-                    math.nan,
-                    trained=False,
-                )
-            )
-    return rows
-
-
 TOKENS_AXIS = "real tokens seen"
 
 TIME_AXIS = "training seconds (data + update steps; validation left out)"
 
 STEP_AXIS = "optimizer steps (updates)"
-
-WASTE_TITLE = "padding waste: 1 - real / computed tokens"
-
-TRUNCATION_TITLE = "truncated: prediction pairs never trained (cut tails)"
-
-SPEED_TITLE = "real tokens / s (real tokens / training seconds)"
-
-CONTENDED_NOTE = "\nUNRELIABLE: the machine was contended (compare.md)"
-
-
-def _truncation_text(row: Bar) -> str:
-    return percent(row.truncated) + (f" ({row.truncated_pairs:,.0f})" if row.truncated > 0 else "")
 
 
 def _legend_label(arm: Arm, comparison: str = "") -> str:
@@ -356,64 +197,6 @@ def small_multiples(fig, cells, runs: list[Run], arms: list[Arm], colors, styles
         draw_floors(ax, runs, named=False)
 
 
-@dataclass
-class Panel:
-    """One bottom panel: a value per row and the text beside its bar."""
-
-    title: str
-    values: list[float]
-    texts: list[str]
-    fraction: bool  # a share (0-100%) rather than a rate
-    band: str | None  # the Bar attribute holding the seeds' band
-
-
-def _speed_text(row: Bar) -> str:
-    """Tokens/s beside a bar; nothing for a layout only computed (the panel's title says so once)."""
-    if math.isfinite(row.tokens_per_sec):
-        return f"{row.tokens_per_sec:,.0f}"
-    return "" if not row.trained else "n/a"
-
-
-LAYOUTS_NOT_RUN = "\n(hatched rows: layouts not run, no speed)"
-
-
-def bar_panels(runs: list[Run], rows: list[Bar], table: ArmTable | None, timing: bool) -> list[Panel]:
-    """The bottom panels that have something to show: padding waste, truncated pairs and (`timing`)
-    real tokens/s; one no row has a value for (nothing logged) is left out, not drawn empty. A
-    layout-only row (a single run's other layouts) has no speed: blank, the title says why."""
-    single = len(runs) == 1
-    layouts = f"\n(at max_seq_len {runs[0].max_seq_len}; hatched: layout only)" if single else ""
-    panels = [
-        Panel(
-            WASTE_TITLE + layouts,
-            [r.waste for r in rows],
-            [percent(r.waste) for r in rows],
-            True,
-            "waste_band",
-        ),
-        Panel(
-            TRUNCATION_TITLE + layouts,
-            [r.truncated for r in rows],
-            [_truncation_text(r) for r in rows],
-            True,
-            None,
-        ),
-    ]
-    if timing:
-        panels.append(
-            Panel(
-                SPEED_TITLE
-                + (CONTENDED_NOTE if table is not None and table.contended else "")
-                + (LAYOUTS_NOT_RUN if not all(r.trained for r in rows) else ""),
-                [r.tokens_per_sec for r in rows],
-                [_speed_text(r) for r in rows],
-                False,
-                "speed_band",
-            )
-        )
-    return [panel for panel in panels if any(math.isfinite(v) for v in panel.values)]
-
-
 def _logged(arms: list[Arm], attribute: str) -> bool:
     return any(getattr(run, attribute).get(LOSS) for arm in arms for run in arm.runs)
 
@@ -460,27 +243,11 @@ def figure(
     panels = bar_panels(runs, rows, table, timing)
     row_labels = [bar_label(row.label) for row in rows]
     multiples = math.ceil(len(arms) / 4) if len(arms) > SMALL_MULTIPLES_ABOVE else 0
-    heights = [LOSS_HEIGHT] + [3.2 * multiples] * bool(multiples)
-    if panels:  # room for every row's wrapped label, and the titles above
-        lines = sum(label.count("\n") + 1 for label in row_labels) + 0.4 * len(rows)
-        heights.append(max(BAR_HEIGHT, 1.6 + LINE_INCHES * lines))
+    heights = _row_heights(multiples, row_labels if panels else None)
     # Constrained layout makes room for the legend, the floors' names and long labels.
     fig = plt.figure(figsize=(16, sum(heights) + 0.9), layout="constrained")
     outer = fig.add_gridspec(len(heights), 1, height_ratios=heights)
-    swept = ", ".join(key.split(".")[-1] for key in keys)
-    seeded = any(arm.n >= 2 for arm in arms)
-    fig.suptitle(
-        "what packing buys: colour = policy (a shade per arm)"
-        + (f", line style = {swept}" if swept else "")
-        + "; lines: train loss (EMA; raw faint), markers: validation loss"
-        + (
-            f"\narms of several seeds: their mean, band min-max for n <= {BAND_MIN_MAX_UP_TO} seeds, "
-            "+-1 std above (bars: error bars)"
-            if seeded
-            else ""
-        ),
-        fontsize=11,
-    )
+    fig.suptitle(_title(arms, keys), fontsize=11)
     if labels is None:
         labels = comparison_labels(table) if table is not None else {}
     _loss_panels(fig, outer[0], loss_specs, runs, arms, colors, styles, labels, table)
@@ -490,8 +257,37 @@ def figure(
             fig, [cells[i // 4, i % 4] for i in range(len(arms))], runs, arms, colors, styles, labels
         )
     if panels:
-        _bar_panels(fig, outer[-1], rows, row_labels, panels)
+        draw_bar_panels(fig, outer[-1], rows, row_labels, panels)
     return fig
+
+
+def _row_heights(multiples: int, row_labels: list[str] | None) -> list[float]:
+    """The figure's rows in inches: the loss panels, `multiples` rows of small multiples (if any) and
+    the bottom panels (with `row_labels`, the bars' wrapped labels: room for every one of them and
+    the titles above)."""
+    heights = [LOSS_HEIGHT] + [3.2 * multiples] * bool(multiples)
+    if row_labels is not None:
+        lines = sum(label.count("\n") + 1 for label in row_labels) + 0.4 * len(row_labels)
+        heights.append(max(BAR_HEIGHT, 1.6 + LINE_INCHES * lines))
+    return heights
+
+
+def _title(arms: list[Arm], keys: list[str]) -> str:
+    """The figure's title: what colour, line style, lines and markers stand for (and, when an arm has
+    several seeds, its band)."""
+    swept = ", ".join(key.split(".")[-1] for key in keys)
+    seeded = any(arm.n >= 2 for arm in arms)
+    return (
+        "what packing buys: colour = policy (a shade per arm)"
+        + (f", line style = {swept}" if swept else "")
+        + "; lines: train loss (EMA; raw faint), markers: validation loss"
+        + (
+            f"\narms of several seeds: their mean, band min-max for n <= {BAND_MIN_MAX_UP_TO} seeds, "
+            "+-1 std above (bars: error bars)"
+            if seeded
+            else ""
+        )
+    )
 
 
 def _loss_panels(fig, cell, specs, runs, arms, colors, styles, labels, table) -> None:
@@ -545,52 +341,6 @@ def _loss_panels(fig, cell, specs, runs, arms, colors, styles, labels, table) ->
             bbox_transform=beside,
             title="arm",
         )
-
-
-def _bar_panels(fig, cell, rows: list[Bar], row_labels: list[str], panels: list[Panel]) -> None:
-    """Per arm (and for a single run per layout on its data) the `panels` side by side, the rows'
-    wrapped labels left of the first."""
-    grid = cell.subgridspec(1, len(panels))  # constrained layout keeps the axes alike, labels aside
-    y = np.arange(len(rows))
-    for column, panel in enumerate(panels):
-        ax = fig.add_subplot(grid[0, column])
-        _draw_bars(ax, rows, y, row_labels if column == 0 else [""] * len(rows), panel)
-
-
-def _draw_bars(ax, rows: list[Bar], y, tick_labels: list[str], panel: Panel) -> None:
-    """One bottom panel: a bar per row (hatched: a layout not trained), with the seeds' band."""
-    from matplotlib.ticker import PercentFormatter
-
-    drawn = [v if math.isfinite(v) else 0.0 for v in panel.values]
-    bands = [getattr(r, panel.band) if panel.band else None for r in rows]
-    errors = None
-    if any(bands):  # the seeds' band around the arm's mean
-        errors = np.array(
-            [[v - b[0], b[1] - v] if b else [0.0, 0.0] for v, b in zip(drawn, bands, strict=True)]
-        ).T
-    bar_set = ax.barh(
-        y, drawn, color=[r.color for r in rows], xerr=errors, capsize=3 if errors is not None else 0
-    )
-    for bar, row in zip(bar_set, rows, strict=True):
-        if not row.trained:
-            bar.set_hatch("//")
-            bar.set_alpha(0.55)
-    ax.set_yticks(y, tick_labels, fontsize=8)
-    ax.invert_yaxis()  # the legend's order, top to bottom
-    ax.set_title(panel.title, fontsize=10)
-    notes = ax.bar_label(bar_set, labels=panel.texts, fontsize=7, padding=2)
-    for note, value in zip(notes, panel.values, strict=True):
-        if not math.isfinite(value):  # not measured: said in grey
-            note.set_color("0.45")
-            note.set_fontstyle("italic")
-    top = max([*drawn, *(b[1] for b in bands if b)], default=0.0)
-    if panel.fraction:  # room for the labels; an all-zero panel reads 0-5%, none goes past 100%
-        ax.set_xlim(0, max(top * 1.4, 0.05))
-        if top * 1.4 > 1:
-            ax.set_xticks(np.linspace(0, 1, 5))
-        ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
-    else:
-        ax.set_xlim(0, top * 1.4 if top > 0 else 1)
 
 
 def plot(

@@ -50,6 +50,27 @@ def run_group_of(run: Run) -> str:
     return str(run.config.get("experiment_name") or "compare")
 
 
+def _tables(runs: list[Run], arms: ArmTable | None, contrasts: ContrastTable | None) -> dict:
+    """compare's W&B tables, numbers as numbers (None for n/a): `compare/table` (one row per run,
+    COLUMNS), `compare/arms` (arm_render.WANDB_COLUMNS, one row per metric and arm) and
+    `compare/contrasts` (contrast_render.CONTRAST_FIELDS, one row per contrast as compare.json holds
+    them)."""
+    import wandb
+
+    rows = [
+        [None if isinstance(value, float) and math.isnan(value) else value for value in row]
+        for row in table_rows(runs)
+    ]
+    tables = {"compare/table": wandb.Table(columns=list(COLUMNS), data=rows)}
+    if arms:
+        tables["compare/arms"] = wandb.Table(columns=list(WANDB_COLUMNS), data=wandb_rows(arms))
+    if contrasts is not None and contrasts.contrasts:
+        tables["compare/contrasts"] = wandb.Table(
+            columns=list(CONTRAST_FIELDS), data=wandb_contrast_rows(contrasts)
+        )
+    return tables
+
+
 def log_to_wandb(
     runs: list[Run],
     plot_path: Path,
@@ -60,12 +81,10 @@ def log_to_wandb(
     arms: ArmTable | None = None,
     contrasts: ContrastTable | None = None,
 ) -> str:
-    """Log the comparison tables (`compare/arms`, a `wandb.Table` with arm_render.WANDB_COLUMNS, one
-        row per metric and arm; `compare/contrasts`, contrast_render.CONTRAST_FIELDS, one row per contrast
-    as compare.json holds them; `compare/table`, one row per run with COLUMNS) and plot (`compare/plot`)
-        into a new W&B run `compare-<group>` (job type `compare`) of the runs' group.
-        Project and entity default to the runs' own; offline without an API key. Returns the run's URL
-        (online) or its local directory (offline: `wandb sync DIR` uploads it later)."""
+    """Log the comparison tables (`_tables`) and plot (`compare/plot`) into a new W&B run
+    `compare-<group>` (job type `compare`) of the runs' group. Project and entity default to the
+    runs' own; offline without an API key. Returns the run's URL (online) or its local directory
+    (offline: `wandb sync DIR` uploads it later)."""
     import wandb
 
     from ..training.loggers import PLOT_KEY, wandb_mode
@@ -75,10 +94,6 @@ def log_to_wandb(
     loggers = [run.config.get("logger") or {} for run in runs]
     project = project or next((lg["project"] for lg in loggers if lg.get("project")), "pretrain")
     entity = entity or next((lg["entity"] for lg in loggers if lg.get("entity")), None)
-    rows = [
-        [None if isinstance(value, float) and math.isnan(value) else value for value in row]
-        for row in table_rows(runs)
-    ]
     mode = wandb_mode(mode)
     experiment = wandb.init(
         project=project,
@@ -96,26 +111,7 @@ def log_to_wandb(
         reinit="create_new",
     )
     try:
-        experiment.log(
-            {
-                "compare/table": wandb.Table(columns=list(COLUMNS), data=rows),
-                **(
-                    {"compare/arms": wandb.Table(columns=list(WANDB_COLUMNS), data=wandb_rows(arms))}
-                    if arms
-                    else {}
-                ),
-                **(
-                    {
-                        "compare/contrasts": wandb.Table(
-                            columns=list(CONTRAST_FIELDS), data=wandb_contrast_rows(contrasts)
-                        )
-                    }
-                    if contrasts is not None and contrasts.contrasts
-                    else {}
-                ),
-                PLOT_KEY: wandb.Image(str(plot_path)),
-            }
-        )
+        experiment.log({**_tables(runs, arms, contrasts), PLOT_KEY: wandb.Image(str(plot_path))})
         # Online: the run's page; offline: the directory `wandb sync` uploads.
         where = experiment.url if mode == "online" else str(Path(experiment.dir).parent)
     finally:
