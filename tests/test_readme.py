@@ -193,8 +193,10 @@ def test_the_readme_slurm_block_runs_on_a_real_slurm(slurm_cluster, tmp_path):
     assert report["status"] == "completed" and report["steps"] == 12  # experiment=smoke's
     log = (clone / f"slurm-{job}.out").read_text()
     assert "1 node(s) x 2 task(s)" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log
+    table = (clone / "slurm.md").read_text()  # compare prints one screen; the tables go to the file
     for arm in ("padded", "bestfit"):
-        assert f"| {arm} |" in proc.stdout
+        assert f"| {arm} |" in table
+    assert "wrote in .: slurm.png slurm-contrast.png slurm.md slurm.json" in proc.stdout
     assert (clone / "slurm.png").is_file()
 
 
