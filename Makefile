@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-e2e test-all bench lint try train sweep study study-masking gpu-check gpu-wheels gpu-cache clean \
+.PHONY: install test test-e2e test-all bench lint try train sweep study study-masking study-padding gpu-check gpu-wheels gpu-cache clean \
 	clean-outputs
 
 # pip shows its progress: the first install downloads ~1 GB and takes minutes.
@@ -116,6 +116,18 @@ study-masking: install
 	ln -sfn $(notdir $(MASKING_DIR)) outputs/masking_paired/latest
 	$(VENV)/bin/pretrain compare $(MASKING_DIR) --reference 'prepacked document_mask=false' \
 		--no-timing --output $(MASKING_DIR)/compare.png
+
+# The equal-compute padding study (experiment=padding_paired, issue 40): padded (truncate, pad to 256)
+# against bestfit at 2,048 computed tokens per update, 4 paired seeds, 300 updates with a cosine decay,
+# then `pretrain compare` (paired t). docs/results/padding-cpu.md. About 30 minutes on 2 idle cores.
+PADDING_DIR := outputs/padding_paired/$(shell date +%Y-%m-%d_%H-%M-%S)
+
+study-padding: install
+	$(PY) train.py --multirun experiment=padding_paired progress_bar=false $(STUDY_ARGS) \
+		hydra.sweep.dir=$(PADDING_DIR) 'hydra.sweep.subdir=$${hydra:runtime.choices.data}-seed$${seed}'
+	ln -sfn $(notdir $(PADDING_DIR)) outputs/padding_paired/latest
+	$(VENV)/bin/pretrain compare $(PADDING_DIR) --reference padded --no-timing \
+		--output $(PADDING_DIR)/compare.png
 
 gpu-check: install
 	$(PY) scripts/gpu_check.py --output bench/results/gpu_check.json

@@ -752,3 +752,29 @@ def test_the_mean_of_the_last_two_validations_and_the_tokens_a_curve_needs_to_re
         write_floors(run_dir, 3.5, 2.0)
     text = markdown(arm_table(_arms(study)))
     assert f"| {A} | 3 | 3.2000 | 3.5000 | 2.0000 | no (0/3 seeds) | n/a |" in text
+
+
+def test_context_gain_is_a_section_paired_by_seed_only_when_a_run_scored_it(tmp_path):
+    root = tmp_path / "multirun"
+    gains = {"padded": (0.30, 0.32, 0.34), "bestfit": (0.50, 0.51, 0.55)}
+    for job, (policy, seed) in enumerate((p, s) for p in gains for s in range(3)):
+        run = write_run(root / str(job), policy=policy, seed=seed, train_loss=3.0, val=(4.0, 3.0))
+        metrics = run / "metrics.csv"
+        lines = metrics.read_text().splitlines()
+        lines[0] += ",val/context_gain,val/loss_by_context/1"
+        lines[1:] = [line + ",," for line in lines[1:-1]] + [
+            lines[-1] + f",{gains[policy][seed]},{3.0 + gains[policy][seed]}"
+        ]
+        metrics.write_text("\n".join(lines) + "\n")
+    table = arm_table(_arms(root), reference="padded")
+    rows = _rows(table, "context gain")
+    assert rows["padded"].summary.mean == pytest.approx(0.32)
+    bestfit = rows["bestfit"].comparison
+    assert bestfit.test == "paired t" and bestfit.n == 3
+    assert bestfit.diff == pytest.approx(np.mean([0.20, 0.19, 0.21]))
+    assert _rows(table, "final val loss from the previous token alone")[
+        "bestfit"
+    ].summary.mean == pytest.approx(3.52)
+    without = tmp_path / "plain"
+    write_run(without / "0", policy="padded", seed=0, train_loss=3.0, val=(4.0, 3.0))
+    assert not [s for s in arm_table(_arms(without)).sections if s.metric.key == "context_gain"]

@@ -302,3 +302,73 @@ def test_only_export_imports_transformers():
             if any(name.split(".")[0] == "transformers" for name in names):
                 importers.append((path.name, node.col_offset))
     assert importers == [("hf.py", 8)]  # indented: inside a function
+
+
+def _validation_tokens() -> list[np.ndarray]:
+    """Each validation document's tokens (its EOS last), straight from the cache."""
+    from pretrain.data.ingest.cache import CacheSpec
+    from pretrain.data.ingest.prepare import prepare_cache
+
+    split = prepare_cache(CacheSpec.from_config(to_config(load_config(BASE)))).split("validation")
+    return [
+        np.asarray(split.tokens[o : o + n], dtype=np.int64)
+        for o, n in zip(split.offsets, split.lengths, strict=True)
+    ]
+
+
+def test_context_one_is_every_target_predicted_from_its_previous_token_alone_in_transformers(
+    trained, exported
+):
+    """`pretrain eval`'s loss_by_context/1 against an independent computation: the exported model in
+    transformers, every (token, next token) pair of every validation document as its own one-token
+    sequence at position 0; and loss_by_context/16 against blocks of 16 pairs cut from each document."""
+    result = evaluate_checkpoint(trained)  # eval.context defaults to 1, 16, 128; max_seq_len is 128
+    assert set(result["loss_by_context"]) == {"1", "16", "full"}  # 128 is the whole chunk
+    hf = hf_model(exported)
+    documents = _validation_tokens()
+    inputs = torch.from_numpy(np.concatenate([d[:-1] for d in documents]))
+    targets = torch.from_numpy(np.concatenate([d[1:] for d in documents]))
+    assert len(targets) == result["targets"]
+    with torch.no_grad():
+        logits = hf(input_ids=inputs[:, None], position_ids=torch.zeros_like(inputs)[:, None]).logits[:, 0]
+    one = float(torch.nn.functional.cross_entropy(logits.double(), targets, reduction="mean"))
+    assert result["loss_by_context"]["1"] == pytest.approx(one, abs=1e-4)
+    nats = 0.0
+    with torch.no_grad():
+        for tokens in documents:  # blocks of 16 pairs from each document's start (128 = 8 x 16)
+            for start in range(0, len(tokens) - 1, 16):
+                block = torch.from_numpy(tokens[start : start + 17])
+                out = hf(input_ids=block[None, :-1]).logits[0].double()
+                nats += float(torch.nn.functional.cross_entropy(out, block[1:], reduction="sum"))
+    assert result["loss_by_context"]["16"] == pytest.approx(nats / len(targets), abs=1e-4)
+    assert result["loss_by_context"]["full"] == result["loss"]
+    assert result["context_gain"] == pytest.approx(result["loss_by_context"]["1"] - result["loss"], abs=1e-12)
+
+
+def test_context_use_is_off_with_an_empty_list_and_skips_lengths_of_the_whole_chunk(trained):
+    assert evaluate_checkpoint(trained, ["eval.context=[]"])["loss_by_context"] == {}
+    whole = evaluate_checkpoint(trained, ["eval.context=[128,4096]"])
+    assert whole["loss_by_context"] == {} and whole["context_gain"] is None
+    with pytest.raises(
+        ConfigError, match=r"eval.context=\[0\]: every context length must be an integer >= 1"
+    ):
+        evaluate_checkpoint(trained, ["eval.context=[0]"])
+
+
+def test_training_scores_context_use_at_its_last_validation_as_eval_does(cache_root, tmp_path):
+    out = tmp_path / "run"
+    overrides = [*BASE, f"output_dir={out}", "progress_bar=false", "train.max_steps=4"]
+    train(load_config([*overrides, "train.val_every_n_steps=2", "train.val_batches=null"]))
+    report = json.loads((out / "run.json").read_text())["metrics"]
+    evaluated = evaluate_checkpoint(out / "checkpoints" / "last.ckpt")  # the whole split, as validation
+    for key in ("1", "16"):
+        assert report[f"val/loss_by_context/{key}"] == pytest.approx(
+            evaluated["loss_by_context"][key], abs=1e-6
+        )
+    assert report["val/loss_by_context/full"] == report["val/loss"]
+    assert report["val/context_gain"] == pytest.approx(evaluated["context_gain"], abs=1e-6)
+    import csv
+
+    rows = [r for r in csv.DictReader((out / "metrics.csv").open()) if r.get("val/loss")]
+    assert [r["step"] for r in rows] == ["2", "4"]  # validated twice, context use at the last only
+    assert rows[0]["val/context_gain"] == "" and float(rows[1]["val/context_gain"]) > 0

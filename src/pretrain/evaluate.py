@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -29,6 +29,7 @@ from .errors import CheckpointError, ConfigError
 from .hf import check_weight_shapes, model_weights
 from .model import Decoder, build_model, config_from_dict
 from .model.attention import check_backend
+from .training.context_use import FULL, context_lengths, context_metrics, context_sums
 from .training.scoring import ScoringProgress, score_batches
 
 
@@ -45,12 +46,22 @@ class Evaluation:
     # loss of each bucket holding a target, and every bucket's target count.
     loss_by_position: dict[str, float] = field(default_factory=dict)
     targets_by_position: dict[str, int] = field(default_factory=dict)
+    # Context use (training/context_use.py): the same pairs' loss with each target predicted from at
+    # most k tokens of its own document ("1", "16", ..., and "full" = loss); the gain is k=1 - full.
+    loss_by_context: dict[str, float] = field(default_factory=dict)
+    context_gain: float | None = None
 
 
 def evaluate(
-    model: Decoder, split: TokenSplit, settings: PolicySettings, token_bytes, progress: bool = False
+    model: Decoder,
+    split: TokenSplit,
+    settings: PolicySettings,
+    token_bytes,
+    progress: bool = False,
+    contexts: Sequence[int] = (),
 ) -> Evaluation:
-    """Score every prediction pair of `split` (float64 sums, whatever the model's dtype)."""
+    """Score every prediction pair of `split` (float64 sums, whatever the model's dtype), and again
+    with at most k tokens of context for each k of `contexts` below max_seq_len (eval.context)."""
     device = next(model.parameters()).device
     table = split_chunks(split, settings.max_seq_len)
     units = evaluation_units(settings, table)
@@ -63,7 +74,7 @@ def evaluate(
         ticker,
         positions=evaluation_positions(settings, split, table, units),
     )
-    return _evaluation(
+    result = _evaluation(
         float(sums.nats),
         int(sums.targets),
         document_bytes(split, token_bytes),
@@ -71,6 +82,20 @@ def evaluate(
         sums.loss_by_position(),
         sums.count_by_position(),
     )
+    lengths = context_lengths(contexts, settings.max_seq_len)
+    if not lengths or not result.targets:
+        return result
+    ticker = ScoringProgress("context use") if progress else None
+    tokens = settings.eval_microbatch_tokens
+    losses = {k: context_sums(model, [(split, table)], k, tokens, device, ticker).loss for k in lengths}
+    return with_context(result, {k: loss for k, loss in losses.items() if loss is not None})
+
+
+def with_context(result: Evaluation, losses: dict[int, float]) -> Evaluation:
+    """`result` with its context-use numbers from the loss at each context length k."""
+    metrics = context_metrics(losses, result.loss)
+    by_context = {key.removeprefix("loss_by_context/"): v for key, v in metrics.items() if "/" in key}
+    return replace(result, loss_by_context=by_context, context_gain=metrics.get("context_gain"))
 
 
 def _evaluation(
@@ -109,7 +134,7 @@ def combined(parts: Sequence[Evaluation]) -> Evaluation:
             bucket_nats[bucket] = (
                 bucket_nats.get(bucket, 0.0) + part.loss_by_position.get(bucket, 0.0) * count
             )
-    return _evaluation(
+    result = _evaluation(
         nats,
         targets,
         size,
@@ -117,6 +142,10 @@ def combined(parts: Sequence[Evaluation]) -> Evaluation:
         {b: bucket_nats[b] / c for b, c in counts.items() if c},
         counts,
     )
+    # Every part scores the same pairs at every context length: their target-weighted mean.
+    keys = set.intersection(*(set(p.loss_by_context) for p in parts)) - {FULL} if parts else set()
+    losses = {int(k): sum(p.loss_by_context[k] * p.targets for p in parts) / targets for k in keys}
+    return with_context(result, losses) if losses and targets else result
 
 
 def saved_config(checkpoint: dict, overrides: Sequence[str] = ()) -> Config:
@@ -146,7 +175,7 @@ def saved_config(checkpoint: dict, overrides: Sequence[str] = ()) -> Config:
 
 def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict:
     """The `pretrain eval` result: loss, perplexity, bits_per_byte, targets, documents, nats, bytes,
-    loss_by_position, targets_by_position, step, policy."""
+    loss_by_position, targets_by_position, loss_by_context, context_gain, step, policy."""
     from .checkpoint_files import load_trainer_checkpoint
 
     checkpoint = load_trainer_checkpoint(path)  # its record compared first, then weights_only
@@ -177,7 +206,9 @@ def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict
         cache = prepare_cache(spec)
         with torch.autocast(device.type, dtype=dtype, enabled=cuda):
             split = cache.split("validation")
-            results[name] = evaluate(model.to(device), split, settings, token_bytes, progress=True)
+            results[name] = evaluate(
+                model.to(device), split, settings, token_bytes, progress=True, contexts=config.eval.context
+            )
     result = results[None] if mixture is None else combined(list(results.values()))
     if not result.targets:
         where = ", ".join(str(spec.directory) for spec in specs.values())

@@ -168,6 +168,23 @@ class PrepareConfig:
 
 
 @dataclass
+class EvalConfig:
+    context: list[int] = field(default_factory=lambda: [1, 16, 128])
+    """context use: the validation targets scored again with their context cut to blocks of k tokens of
+    their own document (positions from 0), for each k here below data.max_seq_len; `[]`: off"""
+
+    def __post_init__(self) -> None:
+        if not _is_set(self.context):
+            return
+        bad = [k for k in self.context if isinstance(k, bool) or not isinstance(k, int) or k < 1]
+        if bad:
+            raise ConfigError(
+                f"eval.context={list(self.context)!r}: every context length must be an integer >= 1 "
+                "(e.g. eval.context=[1,16,128]; eval.context=[] turns context scoring off)"
+            )
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING
     """the size's name (tiny, gpt2-small, gpt2-medium): a label, the sizes are the fields below"""

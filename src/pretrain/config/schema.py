@@ -24,6 +24,7 @@ from .checks import SEED_RANGE, _at_least, _is_set, _within
 from .groups import (
     BudgetConfig,
     CacheConfig,
+    EvalConfig,
     LoggerConfig,
     MixtureConfig,
     ModelConfig,
@@ -252,6 +253,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     mixture: MixtureConfig | None = None
     """corpora mixed by token share (`mixture=<name>`); null = the one `source`"""
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..arrays import run_positions
-from .batch import PackedBatch
+from .batch import PackedBatch, gather_packed
 from .chunking import ChunkTable
 from .policies import PolicySettings, split_chunks
 from .tokens import TokenSplit
@@ -94,6 +94,38 @@ def _batch_chunks(
     for first in range(0, len(ptr) - 1, settings.eval_batch_size):
         bounds = ptr[first : first + settings.eval_batch_size + 1]
         yield order[bounds[0] : bounds[-1]], np.diff(bounds)
+
+
+def context_blocks(table: ChunkTable, context: int) -> ChunkTable:
+    """`table`'s chunks cut into blocks of at most `context` inputs, each its own segment from
+    position 0: the same prediction pairs, each target now predicted from the 1..`context` tokens of
+    its own document just before it (`context` 1: from its previous token alone)."""
+    if context < 1:
+        raise ValueError(f"context must be >= 1, not {context}")
+    counts = -(-table.length.astype(np.int64) // context)
+    step = run_positions(counts) * context  # each block's first input within its chunk
+    length = np.minimum(np.repeat(table.length.astype(np.int64), counts) - step, context)
+    return ChunkTable(
+        doc=np.repeat(table.doc, counts),
+        start=np.repeat(table.start, counts) + step,
+        length=length.astype(table.length.dtype),
+        max_seq_len=min(context, table.max_seq_len),
+    )
+
+
+def block_batches(split: TokenSplit, table: ChunkTable, tokens_per_batch: int) -> Iterator[PackedBatch]:
+    """`table`'s chunks in index order, as many per batch as fit in `tokens_per_batch` tokens (at least
+    one), every chunk its own segment and pack: no policy's layout, so the same for every run."""
+    ends = np.cumsum(table.length, dtype=np.int64)
+    first = 0
+    while first < len(table):
+        taken = int(ends[first - 1]) if first else 0
+        last = max(first + 1, int(np.searchsorted(ends, taken + tokens_per_batch, side="right")))
+        lengths = table.length[first:last]
+        yield gather_packed(
+            split.tokens, table.start[first:last], lengths, np.ones(len(lengths)), table.max_seq_len
+        )
+        first = last
 
 
 def document_bytes(split: TokenSplit, token_bytes: np.ndarray) -> int:

@@ -15,6 +15,7 @@ from ..training.run_record import LOSS, Run, run_numbers
 from .statistics import interpolate_at
 
 VAL_LOSS = "val/loss"
+CONTEXT_GAIN = "val/context_gain"
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ def metrics(
         *_loss_metrics(),
         *_interpolated_metrics(runs, at_tokens, at_seconds, at_step),
         *_component_metrics(runs),
+        *_context_metrics(runs),
         *_budget_metrics(),
     ]
 
@@ -126,6 +128,27 @@ def _component_metrics(runs: list[Run]) -> list[Metric]:
             missing=f"no {key}",
         )
         for key in component_losses(runs)
+    ]
+
+
+def _context_metrics(runs: list[Run]) -> list[Metric]:
+    """Context use at the last validation (training/context_use.py), when any run scored it: a model
+    whose gain is not above 0 does not use context, so composition cannot change what it learned."""
+    if not any(len(run.values(CONTEXT_GAIN)) for run in runs):
+        return []
+    return [
+        Metric(
+            "context_gain",
+            "context gain: loss from the previous token alone minus final val loss (> 0: uses context)",
+            partial(_last, key=CONTEXT_GAIN),
+            missing="no context gain (eval.context without 1, or stopped before its last validation)",
+        ),
+        Metric(
+            "val_loss_context_1",
+            "final val loss from the previous token alone (eval.context 1)",
+            partial(_last, key="val/loss_by_context/1"),
+            missing="no val/loss_by_context/1",
+        ),
     ]
 
 

@@ -173,6 +173,7 @@ def _module(run: RunSettings) -> PretrainModule:
         cache_identity=run.data_identity,
         peak_tflops=config.trainer.peak_tflops,
         mixture_components=list(run.mixture.names) if run.mixture is not None else None,
+        eval_context=list(config.eval.context),
     )
     if config.model.init_from and not config.ckpt_path:  # a resume loads its own weights
         from ..hf import init_from

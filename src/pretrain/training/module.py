@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
 import lightning as L
@@ -22,6 +22,7 @@ from ..data.batch import PackedBatch
 from ..machine_load import load_per_cpu
 from ..model import ModelSettings, build_model, config_from_dict
 from ..model.flops import peak_flops, training_flops
+from .context_use import context_lengths, context_metrics, context_sums
 from .scoring import ScoreSums, ScoringProgress, score_batches
 from .update import run_update
 
@@ -80,6 +81,7 @@ class PretrainModule(L.LightningModule):
         cache_identity: dict | None = None,
         peak_tflops: float | None = None,
         mixture_components: list[str] | None = None,
+        eval_context: Sequence[int] = (),
     ):
         super().__init__()
         self.gpt_config = config_from_dict(model) if isinstance(model, Mapping) else model
@@ -98,6 +100,7 @@ class PretrainModule(L.LightningModule):
                 "cache_identity": cache_identity,
                 "peak_tflops": peak_tflops,
                 "mixture_components": mixture_components,
+                "eval_context": list(eval_context),
             }
         )
         self.automatic_optimization = False
@@ -106,6 +109,7 @@ class PretrainModule(L.LightningModule):
         # A mixture's real tokens per component, all ranks (train/tokens/<name>); checkpointed.
         self.component_names = list(mixture_components or [])
         self.component_tokens = [0] * len(self.component_names)
+        self.eval_context = [int(k) for k in eval_context]  # scored at the last validation
         self.peak_tflops = peak_tflops
         self._peak_flops: float | None = None  # one device's, known at fit start
         self._last_step_end: float | None = None
@@ -195,6 +199,8 @@ class PretrainModule(L.LightningModule):
             metrics["train/mfu"] = flops / max(now - started, 1e-9) / self._peak_flops
         if self._should_validate():
             metrics.update(self.validation_metrics())  # none without validation pairs, never nan
+            if "val/loss" in metrics and self._is_last_update():
+                metrics.update(self.context_use_metrics(metrics["val/loss"]))
             self._last_step_end = time.perf_counter()  # validation time is not training throughput
         self._log_metrics(metrics)
         self.last_metrics.update(metrics)
@@ -231,6 +237,9 @@ class PretrainModule(L.LightningModule):
     def _should_validate(self) -> bool:
         step, every = self.trainer.global_step, self.settings.val_every
         return step % every == 0 or step >= self.settings.max_steps or self._token_budget_reached()
+
+    def _is_last_update(self) -> bool:
+        return self.trainer.global_step >= self.settings.max_steps or self._token_budget_reached()
 
     def _token_budget_reached(self) -> bool:
         budget = self.settings.max_tokens
@@ -292,6 +301,24 @@ class PretrainModule(L.LightningModule):
             metrics[f"val/loss_by_position/{bucket}"] = loss
             metrics[f"val/targets_by_position/{bucket}"] = float(counts[bucket])
         return metrics
+
+    @torch.no_grad()
+    def context_use_metrics(self, full: float) -> dict[str, float]:
+        """`val/loss_by_context/<k>` for each k of eval.context below data.max_seq_len, and
+        `val/context_gain` (training/context_use.py): the same validation pairs of all ranks, each
+        predicted from at most k tokens of its own document. `full` is this validation's val/loss."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        assert datamodule is not None and datamodule.validation_sets is not None, "setup() first"
+        lengths = context_lengths(self.eval_context, datamodule.policy.max_seq_len)
+        if not lengths:
+            return {}
+        progress = ScoringProgress("context use") if self.trainer.is_global_zero else None
+        sets = [(v.split, v.chunks) for v in datamodule.validation_sets]
+        tokens = datamodule.policy.eval_microbatch_tokens
+        sums = [context_sums(self.model, sets, k, tokens, self.device, progress).stacked() for k in lengths]
+        reduced = self._all_reduce_sum(torch.stack(sums))
+        losses = {k: ScoreSums.from_stacked(row).loss for k, row in zip(lengths, reduced, strict=True)}
+        return context_metrics({k: v for k, v in losses.items() if v is not None}, full, prefix="val/")
 
     # --- counters that a resume must continue -----------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
