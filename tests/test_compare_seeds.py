@@ -775,6 +775,11 @@ def test_context_gain_is_a_section_paired_by_seed_only_when_a_run_scored_it(tmp_
     assert _rows(table, "final val loss from the previous token alone")[
         "bestfit"
     ].summary.mean == pytest.approx(3.52)
+    from pretrain.report.summary import _context_lines
+
+    assert _context_lines(table) == [
+        "context gain (previous token alone - val loss, nats): padded +0.320, bestfit +0.520"
+    ]
     without = tmp_path / "plain"
     write_run(without / "0", policy="padded", seed=0, train_loss=3.0, val=(4.0, 3.0))
     assert not [s for s in arm_table(_arms(without)).sections if s.metric.key == "context_gain"]

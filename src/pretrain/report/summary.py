@@ -132,6 +132,20 @@ def _left_out_lines(table: ArmTable) -> list[str]:
     return lines[:3]
 
 
+def _context_lines(table: ArmTable, shown: int = 4) -> list[str]:
+    """The arms' context gain (training/context_use.py), when the runs scored it: a model that gains
+    nothing from its context gives composition nothing to act on."""
+    sections = [s for s in table.sections if s.metric.key == "context_gain"]
+    if not sections or not sections[0].rows:
+        return []
+    rows = sections[0].rows
+    gains = ", ".join(f"{row.arm.label} {row.summary.mean:+.3f}" for row in rows[:shown])
+    more = f", {len(rows) - shown} more in compare.md" if len(rows) > shown else ""
+    flat = [row for row in rows if not row.summary.mean > 0]
+    verdict = f"; {len(flat)} arm(s) gain nothing from context: composition cannot act there" if flat else ""
+    return [f"context gain (previous token alone - val loss, nats): {gains}{more}{verdict}"]
+
+
 def summary_lines(
     runs: list[Run], arms: list[Arm], table: ArmTable, contrasts: ContrastTable | None, files: list[Path]
 ) -> list[str]:
@@ -153,6 +167,7 @@ def summary_lines(
             f"{len(stuck)} arm(s) ended above the bigram floor in some seed: layout effects cannot show "
             "there; train longer (compare.md, floors)"
         )
+    lines += _context_lines(table)
     if table.contended:
         lines.append(
             f"UNRELIABLE times: {len(table.contended)} run(s) shared the machine with other work "
