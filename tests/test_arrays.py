@@ -18,7 +18,7 @@ from pretrain.data.packing import concat_windows
 from pretrain.data.policies import EpochPlan, bestfit_layout, firstfit_layout, shuffled
 from pretrain.data.policies.layout import chunk_layout
 from pretrain.data.policies.packs import load_or_build_packs
-from pretrain.data.stats import leaked_documents
+from pretrain.data.leaks import leaked_documents
 from pretrain.data.tokens import TokenSplit
 
 

@@ -11,7 +11,8 @@ from helpers import DESIGN_KEYS as INSPECT_DATA_KEYS
 from helpers import policy_cfg, split_of
 from rich.console import Console
 
-from pretrain.data.stats import inspect_split, verbatim_leaks
+from pretrain.data.leaks import verbatim_leaks
+from pretrain.data.stats import inspect_split
 from pretrain.data.tokens import TokenSplit
 from pretrain.report.inspect_table import render_table, stats_warnings
 
@@ -246,11 +247,11 @@ def test_overlap_makes_the_table_loud():
 
 
 def test_leak_blocks_do_not_change_the_answer(monkeypatch):
-    from pretrain.data import stats as stats_module
+    from pretrain.data import leaks as leaks_module
 
     train, validation = leak_fixture()
-    monkeypatch.setattr(stats_module, "_BLOCK_TOKENS", 70)  # about one document per block
-    assert len(list(stats_module._document_blocks(validation, 64, 70))) == 5
+    monkeypatch.setattr(leaks_module, "_BLOCK_TOKENS", 70)  # about one document per block
+    assert len(list(leaks_module._document_blocks(validation, 64, 70))) == 5
     assert verbatim_leaks(train, validation) == 2
 
 
@@ -418,7 +419,7 @@ def test_the_leak_warning_names_the_documents_and_where_every_id_is():
 def test_the_leak_warning_says_what_it_means_and_how_to_act():
     (one,) = stats_warnings({"verbatim_leaks": 1, "verbatim_leak_ids": ["ab" * 32]})
     assert one.startswith("WARNING: 1 validation document shares a 64-token passage with a train document")
-    assert "memorisation" in one and "deduplicate or drop" in one and "split.seed" in one
+    assert "memorisation" in one and "split.decontaminate=true" in one
     assert "abababababab" in one and "\n" not in one
     (two,) = stats_warnings({"verbatim_leaks": 2, "verbatim_leak_ids": ["a" * 64, "b" * 64]})
     assert two.startswith("WARNING: 2 validation documents share")

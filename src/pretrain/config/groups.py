@@ -58,6 +58,7 @@ class TokenizerConfig:
 # The split's defaults are the schema's; data/ingest/split.py reads them from here (config sits below data).
 DEFAULT_SPLIT_SEED = 20261003
 DEFAULT_VALIDATION_FRACTION = 0.05
+DEFAULT_LEAK_WINDOW = 64  # data/leaks.py LEAK_WINDOW: what inspect-data counts
 
 
 @dataclass
@@ -66,8 +67,18 @@ class SplitConfig:
     """seed re-hashed with each document's sha256 to pick its split"""
     validation_fraction: float = DEFAULT_VALIDATION_FRACTION
     """share of documents that go to validation, in [0, 1); 0 = no validation (no val/loss)"""
+    decontaminate: bool = False
+    """drop from validation every document sharing a run of split.leak_window tokens with a train
+    document (inspect-data's verbatim_leaks; part of the cache identity when true)"""
+    leak_window: int = DEFAULT_LEAK_WINDOW
+    """tokens a shared run must have to count as a leak (split.decontaminate)"""
 
     def __post_init__(self) -> None:
+        if isinstance(self.leak_window, int) and self.leak_window < 1:
+            raise ConfigError(
+                f"split.leak_window={self.leak_window!r} must be a positive number of tokens: set e.g. "
+                f"split.leak_window={DEFAULT_LEAK_WINDOW} (the run of tokens a leak shares)"
+            )
         fraction = self.validation_fraction
         if _is_set(fraction) and not 0.0 <= fraction < 1.0:
             hint = "1 leaves no training documents" if fraction == 1 else "it is a share of the documents"

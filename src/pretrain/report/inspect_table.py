@@ -7,7 +7,7 @@ import math
 
 from rich.table import Table
 
-from ..data.stats import LEAK_WINDOW
+from ..data.leaks import LEAK_WINDOW
 
 # Fractions the table shows in percent.
 PERCENT_KEYS = frozenset(
@@ -53,8 +53,8 @@ def stats_warnings(stats: dict) -> list[str]:
         lines.append(
             f"WARNING: {documents} a {LEAK_WINDOW}-token passage with a train document (a verbatim leak, "
             "e.g. repeated boilerplate or a quoted text): val/loss on it partly measures memorisation; a few "
-            "among many validation documents barely move val/loss, and to remove them deduplicate or drop "
-            f"those texts in the source or try another split.seed; ids {named} (every id: verbatim_leak_ids "
+            "among many validation documents barely move val/loss; split.decontaminate=true builds a cache "
+            f"without them (docs/data.md); ids {named} (every id: verbatim_leak_ids "
             "in the JSON of inspect-data output=FILE)"
         )
     return lines

@@ -198,13 +198,18 @@ class PretrainModule(L.LightningModule):
             flops = sum(training_flops(self.gpt_config, segments) for segments in lengths)
             metrics["train/mfu"] = flops / max(now - started, 1e-9) / self._peak_flops
         if self._should_validate():
-            metrics.update(self.validation_metrics())  # none without validation pairs, never nan
-            if "val/loss" in metrics and self._is_last_update():
-                metrics.update(self.context_use_metrics(metrics["val/loss"]))
-            self._last_step_end = time.perf_counter()  # validation time is not training throughput
+            metrics.update(self._validation_and_context_metrics())
         self._log_metrics(metrics)
         self.last_metrics.update(metrics)
         return torch.tensor(result.loss)
+
+    def _validation_and_context_metrics(self) -> dict[str, float]:
+        """val/* now (none without validation pairs, never nan); context use at the last update."""
+        metrics = self.validation_metrics()
+        if "val/loss" in metrics and self._is_last_update():
+            metrics.update(self.context_use_metrics(metrics["val/loss"]))
+        self._last_step_end = time.perf_counter()  # validation time is not training throughput
+        return metrics
 
     def _count_component_tokens(self, microbatches: list[PackedBatch]) -> None:
         """Add this update's real tokens per mixture component (every rank's: one small all-reduce)."""

@@ -1,4 +1,5 @@
-"""Build a cache's files from its source: read, tokenize, dedup, split, write, in source order.
+"""Build a cache's files from its source: read, tokenize, dedup, split, write, in source order
+(and, with split.decontaminate, drop validation's verbatim leaks: decontaminate.py).
 
 `prepare.prepare_cache` calls `build_cache` inside a private temporary directory and renames it into
 place only when it is complete, so a kill or an exception at any moment leaves nothing that verifies.
@@ -21,6 +22,7 @@ from ...errors import SourceError
 from ..sources import source_from_config
 from .cache import SPLITS, CacheSpec, new_manifest, write_manifest
 from .collect import BuildStats, Collector
+from .decontaminate import decontaminate
 from .encode import Encoded
 from .executors import Job, encoded_parts
 from .prepare_settings import resolve_num_proc
@@ -91,7 +93,11 @@ def build_cache(spec: CacheSpec, directory: Path, *, progress: bool = True) -> d
             writer.abort()
         raise
     splits = {s: w.close() for s, w in writers.items()}
-    manifest = new_manifest(spec, splits, _build_record(spec, stats, started))
+    build = _build_record(spec, stats, started)
+    window = (spec.identity["split"].get("decontaminate") or {}).get("leak_window")
+    if window is not None:
+        splits, build["decontamination"] = decontaminate(directory, splits, spec.identity, int(window))
+    manifest = new_manifest(spec, splits, build)
     write_manifest(directory, manifest)
     return manifest
 

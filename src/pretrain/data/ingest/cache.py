@@ -123,11 +123,20 @@ def cache_identity(
             "content_sha256": tokenizer_files.content_sha256(),
             **extra,
         },
-        "split": {"seed": int(split.seed), "validation_fraction": float(split.validation_fraction)},
+        "split": split_identity(split),
         "budget": {"train_tokens": budget.train_tokens, "validation_tokens": budget.validation_tokens},
         "dtype": token_dtype,
         "eos_token_id": json_file.eos_token_id if json_file else EOS_TOKEN_ID,
     }
+
+
+def split_identity(split: SplitConfig) -> dict:
+    """The split's part of the identity: seed and fraction, and the leak window of a decontaminated
+    validation split (only then: caches built without it keep their keys)."""
+    identity: dict = {"seed": int(split.seed), "validation_fraction": float(split.validation_fraction)}
+    if split.decontaminate:
+        identity["decontaminate"] = {"leak_window": int(split.leak_window)}
+    return identity
 
 
 @dataclass(frozen=True)
