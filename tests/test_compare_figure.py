@@ -344,9 +344,9 @@ def test_floors_are_named_once_between_the_panels_apart_and_clear_of_the_curves(
         assert [line.get_linestyle() for line in floors] == [":", ":"]
     assert not seconds.texts  # named once
     notes = {text.get_text(): text for text in tokens.texts}
-    assert set(notes) == {"unigram (add-one) floor 9.30", "bigram (interpolated) floor 9.26"}
+    assert set(notes) == {"unigram (add-one) floor 9.30", "bigram (Jelinek-Mercer) floor 9.26"}
     high = notes["unigram (add-one) floor 9.30"].get_window_extent()
-    low = notes["bigram (interpolated) floor 9.26"].get_window_extent()
+    low = notes["bigram (Jelinek-Mercer) floor 9.26"].get_window_extent()
     left, right = tokens.get_window_extent(), seconds.get_window_extent()
     for note in (high, low):  # between the panels: on no curve
         assert left.x1 <= note.x0 and note.x1 <= right.x0

@@ -582,11 +582,13 @@ def test_the_budget_section_sets_updates_and_real_tokens_side_by_side_and_flags_
     ]
 
 
-def write_floors(run_dir: Path, unigram: float, bigram: float) -> None:
+def write_floors(run_dir: Path, unigram: float, bigram: float, bigram_kn: float | None = None) -> None:
     floors = {
         "unigram": {"nats": unigram, "bits_per_byte": 1.0},
         "bigram": {"nats": bigram, "bits_per_byte": 0.8},
     }
+    if bigram_kn is not None:  # runs from before the Kneser-Ney floor have none
+        floors["bigram_kn"] = {"nats": bigram_kn, "bits_per_byte": 0.7}
     (run_dir / "run.json").write_text(json.dumps({"floors": floors}))
 
 
@@ -602,17 +604,27 @@ def test_floors_are_rows_of_the_val_loss_sections_and_each_arm_is_judged_against
     final = text.split("### final val loss")[1].split("###")[0]
     assert (
         "| floor: unigram (add-one) |  | 3.5000 |" in final
-        and "| floor: bigram (interpolated) |  | 3.1000 |" in final
+        and "| floor: bigram (Jelinek-Mercer) |  | 3.1000 |" in final
+        and "Kneser-Ney" not in final  # runs from before it: judged on Jelinek-Mercer's
     )
     assert "| floor:" not in text.split("### final train loss")[1].split("###")[0]  # a train loss has none
     section = text.split("### floors")[1]
-    assert f"| {A} | 3 | 3.2000 | 3.5000 | 3.1000 | no (1/3 seeds) |" in section
-    assert f"| {C} | 1 | 2.8000 | 3.5000 | 3.1000 | yes (1/1 seeds) |" in section
-    assert "2 arm(s) did not end below the bigram floor" in section
+    assert f"| {A} | 3 | 3.2000 | 3.5000 | 3.1000 | n/a | no (1/3 seeds) |" in section
+    assert f"| {C} | 1 | 2.8000 | 3.5000 | 3.1000 | n/a | yes (1/1 seeds) |" in section
+    assert "2 arm(s) did not end below the lower bigram floor" in section
+    # with a Kneser-Ney floor below Jelinek-Mercer's, the gate is the lower one: padded's 3.0 is not below 2.95
+    for run_dir in sorted(p for p in study.iterdir() if p.is_dir()):
+        write_floors(run_dir, 3.5, 3.1, 2.95)
+    table = arm_table(_arms(study))
+    floors = {row.arm.label: row for row in table.floors}
+    assert (floors[A].gate, floors[A].below_bigram, floors[B].below_bigram) == (2.95, 0, 1)
+    text = markdown(table)
+    assert "| floor: bigram (Kneser-Ney) |  | 2.9500 |" in text.split("### final val loss")[1].split("###")[0]
+    assert f"| {A} | 3 | 3.2000 | 3.5000 | 3.1000 | 2.9500 | no (0/3 seeds) |" in text
     # runs that scored other validation pairs: no shared floor row, each arm its own floors
-    write_floors(study / "6", 3.6, 3.2)
+    write_floors(study / "6", 3.6, 3.2, 3.0)
     text = markdown(arm_table(_arms(study)))
-    assert "| floor:" not in text and f"| {C} | 1 | 2.8000 | 3.6000 | 3.2000 | yes (1/1 seeds) |" in text
+    assert "| floor:" not in text and f"| {C} | 1 | 2.8000 | 3.6000 | 3.2000 | 3.0000 | yes (1/1 seeds) |" in text
     # and without floors the table says what it cannot tell
     for run_json in study.rglob("run.json"):
         run_json.unlink()
@@ -633,7 +645,7 @@ def test_the_figure_carries_the_comparison_the_floors_and_drops_times_when_asked
     floors = [line.get_ydata()[0] for line in tokens.lines if line.get_linestyle() == ":"]
     assert floors == [3.5, 3.1]
     notes = [text.get_text() for text in tokens.texts]
-    assert "unigram (add-one) floor 3.50" in notes and "bigram (interpolated) floor 3.10" in notes
+    assert "unigram (add-one) floor 3.50" in notes and "bigram (Jelinek-Mercer) floor 3.10" in notes
     legend = [text.get_text() for text in tokens.get_legend().get_texts()] if tokens.get_legend() else []
     legend += [line.get_label() for line in fig.axes[1].lines]
     c = _rows(table, "final val loss")[B].comparison
@@ -751,7 +763,7 @@ def test_the_mean_of_the_last_two_validations_and_the_tokens_a_curve_needs_to_re
     for run_dir in sorted(p for p in study.iterdir() if p.is_dir()):
         write_floors(run_dir, 3.5, 2.0)
     text = markdown(arm_table(_arms(study)))
-    assert f"| {A} | 3 | 3.2000 | 3.5000 | 2.0000 | no (0/3 seeds) | n/a |" in text
+    assert f"| {A} | 3 | 3.2000 | 3.5000 | 2.0000 | n/a | no (0/3 seeds) | n/a |" in text
 
 
 def test_context_gain_is_a_section_paired_by_seed_only_when_a_run_scored_it(tmp_path):

@@ -1,5 +1,6 @@
-"""Floors (data/floors.py): the unigram and Jelinek-Mercer bigram cross-entropy of a hand-made cache's
-validation pairs, recomputed here with plain loops and Counter; the sample above the cap; a mixture's
+"""Floors (data/floors.py): the unigram, Jelinek-Mercer and Kneser-Ney bigram cross-entropy of a
+hand-made cache's validation pairs, recomputed here with plain loops and Counter; the first N
+validation documents (what val/loss scores under train.val_batches); the sample above the cap; a mixture's
 pooled floors; and floors.json: reused, recomputed for a rebuilt cache, written atomically under a lock."""
 
 from __future__ import annotations
@@ -66,6 +67,32 @@ def models_by_hand(documents):
     return unigram, bigram
 
 
+def kneser_ney_by_hand(documents):
+    """P_KN(b | a) counted on `documents` with Counter and loops over the vocabulary (interpolated,
+    absolute discounting D = n1 / (n1 + 2 n2), the continuation interpolated with the uniform)."""
+    joint = Counter(pairs_of(documents))
+    n1 = sum(1 for c in joint.values() if c == 1)
+    n2 = sum(1 for c in joint.values() if c == 2)
+    discount = n1 / (n1 + 2 * n2)
+    types = len(joint)
+    ending = Counter(b for _, b in joint)
+    starting = Counter(a for a, _ in joint)
+    context = Counter()
+    for (a, _), c in joint.items():
+        context[a] += c
+
+    def continuation(b):
+        return max(ending[b] - discount, 0) / types + discount * len(ending) / types / VOCAB
+
+    def kn(a, b):
+        if not context[a]:
+            return continuation(b)
+        own = max(joint[(a, b)] - discount, 0) / context[a]
+        return own + discount * starting[a] / context[a] * continuation(b)
+
+    return kn, discount
+
+
 def cross_entropy(documents, probability) -> float:
     pairs = pairs_of(documents)
     return -math.fsum(math.log(probability(a, b)) for a, b in pairs) / len(pairs)
@@ -88,6 +115,12 @@ def check_by_hand(result: dict, counted: list[list[int]]):
     assert result["unigram"]["bits_per_byte"] == pytest.approx(uni * bits, rel=1e-9)
     assert result["bigram"]["bits_per_byte"] == pytest.approx(bi * bits, rel=1e-9)
     assert result["bigram"]["method"] == "jelinek-mercer"
+    kn, discount = kneser_ney_by_hand(counted)
+    assert result["bigram_kn"]["method"] == "kneser-ney"
+    assert result["bigram_kn"]["discount"] == pytest.approx(discount, rel=1e-12)
+    kn_nats = cross_entropy(VALIDATION_DOCS, kn)
+    assert result["bigram_kn"]["nats"] == pytest.approx(kn_nats, rel=1e-9, abs=1e-12)
+    assert result["bigram_kn"]["bits_per_byte"] == pytest.approx(kn_nats * bits, rel=1e-9)
     # λ: the minimum of the held-out cross-entropy (the last tenth of the counted documents,
     # counted on the rest), checked on a fine grid.
     held = max(1, round(0.1 * len(counted)))
@@ -103,8 +136,31 @@ def check_by_hand(result: dict, counted: list[list[int]]):
 
 def test_floors_of_a_hand_made_corpus_match_plain_loops():
     result = split_floors(token_split(TRAIN_DOCS, "train"), token_split(VALIDATION_DOCS, "validation"), BYTES)
-    assert result["version"] == 1 and result["sample"] is None
+    assert result["version"] == 2 and result["sample"] is None
+    assert result["validation_documents"] == len(VALIDATION_DOCS)
     check_by_hand(result, TRAIN_DOCS)
+
+
+def test_kneser_ney_is_a_distribution_for_every_context():
+    counts = floors_module.PairCounts.of(
+        *floors_module.distinct_pairs(
+            floors_module.pair_codes(token_split(TRAIN_DOCS, "train"), np.arange(len(TRAIN_DOCS)), VOCAB)
+        ),
+        VOCAB,
+    )
+    grid = np.arange(VOCAB * VOCAB, dtype=np.int64)  # every (a, b): contexts seen, unseen, EOS
+    probabilities, _ = floors_module.kneser_ney(counts, grid)
+    assert (probabilities > 0).all()
+    np.testing.assert_allclose(probabilities.reshape(VOCAB, VOCAB).sum(axis=1), 1.0, rtol=1e-12)
+
+
+def test_the_first_documents_floors_are_those_of_a_split_of_them_alone():
+    train = token_split(TRAIN_DOCS, "train")
+    first = split_floors(train, token_split(VALIDATION_DOCS, "validation"), BYTES, validation_documents=2)
+    alone = split_floors(train, token_split(VALIDATION_DOCS[:2], "validation"), BYTES)
+    assert first == alone
+    assert first["validation_documents"] == 2
+    assert first["validation_pairs"] == sum(len(d) - 1 for d in VALIDATION_DOCS[:2])
 
 
 def test_blocks_do_not_change_the_counts(monkeypatch):
@@ -146,7 +202,8 @@ def test_a_mixtures_floors_pool_the_components_pairs():
     pairs = one["validation_pairs"] + other["validation_pairs"]
     size = one["validation_bytes"] + other["validation_bytes"]
     assert mixed["validation_pairs"] == pairs and mixed["validation_bytes"] == size
-    for model in ("unigram", "bigram"):
+    assert mixed["validation_documents"] == len(VALIDATION_DOCS) + 1
+    for model in ("unigram", "bigram", "bigram_kn"):
         # Pooled as val/loss pools a mixture: total nats over total pairs, total bits over total bytes.
         nats = one[model]["nats"] * one["validation_pairs"] + other[model]["nats"] * other["validation_pairs"]
         assert mixed[model]["nats"] == pytest.approx(nats / pairs, rel=1e-12)
@@ -191,6 +248,20 @@ def test_floors_json_is_written_beside_the_manifest_and_reused(tmp_path, monkeyp
     assert cache_floors(cache, BYTES) == first
 
 
+def test_the_first_documents_floors_are_stored_beside_the_whole_splits(tmp_path):
+    cache = hand_cache(tmp_path / "cache")
+    whole = cache_floors(cache, BYTES)
+    first = cache_floors(cache, BYTES, documents=2)
+    assert first["validation_documents"] == 2 and first["validation_pairs"] < whole["validation_pairs"]
+    assert json.loads((tmp_path / "cache" / "floors.first-2.json").read_text())["validation_pairs"] == (
+        first["validation_pairs"]
+    )
+    # Asking for as many documents as the split holds (or more) is the whole split's floors.json.
+    assert cache_floors(cache, BYTES, documents=len(VALIDATION_DOCS)) == whole
+    assert cache_floors(cache, BYTES, documents=99) == whole
+    assert json.loads((tmp_path / "cache" / FLOORS).read_text())["validation_documents"] == 3
+
+
 def test_a_rebuilt_cache_or_another_version_recomputes_the_floors(tmp_path):
     directory = tmp_path / "cache"
     cache_floors(hand_cache(directory), BYTES)
@@ -207,7 +278,7 @@ def test_a_rebuilt_cache_or_another_version_recomputes_the_floors(tmp_path):
     stored.update(version=0, unigram={"nats": 123.0, "bits_per_byte": 1.0})
     (directory / FLOORS).write_text(json.dumps(stored))
     assert cache_floors(rebuilt, BYTES)["unigram"] == again["unigram"]
-    assert json.loads((directory / FLOORS).read_text())["version"] == 1
+    assert json.loads((directory / FLOORS).read_text())["version"] == floors_module.FLOORS_VERSION
     # So is one computed under another sample cap.
     assert cache_floors(rebuilt, BYTES, cap=20)["sample"] is not None
 
@@ -341,3 +412,27 @@ def test_a_runs_floors_once_stored_need_no_table_of_the_vocabularys_bytes(tmp_pa
 
     monkeypatch.setattr(floors_module, "token_byte_lengths", never)
     assert floors_module.spec_floors(spec, cache) == first
+
+
+# --- a run's floors are on the pairs its val/loss scored -------------------------------------------
+
+
+def test_a_run_with_val_batches_2_has_the_floors_of_exactly_the_pairs_it_scored(cache_root, tmp_path):
+    """experiment=smoke validates on train.val_batches=2 x 1,024 pairs: its first validation documents,
+    not the whole split (28k pairs): run.json's floors count the same targets val/loss did."""
+    from pretrain.config import load_config
+    from pretrain.training.run import train
+
+    out = tmp_path / "run"
+    overrides = ["experiment=smoke", f"output_dir={out}", "progress_bar=false", "train.max_steps=2"]
+    train(load_config([*overrides, "train.val_every_n_steps=2", "train.val_batches=2"]))
+    record = json.loads((out / "run.json").read_text())
+    metrics = record["metrics"]
+    scored = sum(v for k, v in metrics.items() if k.startswith("val/targets_by_position/"))
+    floors = record["floors"]
+    assert floors["validation_pairs"] == scored <= 2 * 1024
+    manifest = json.loads((Path(record["cache_dir"]) / "manifest.json").read_text())
+    assert manifest["splits"]["validation"]["prediction_pairs"] > 10 * scored  # not the whole split's
+    assert floors["validation_documents"] < manifest["splits"]["validation"]["documents"]
+    assert (Path(record["cache_dir"]) / f"floors.first-{floors['validation_documents']}.json").is_file()
+    assert floors["bigram_kn"]["nats"] < floors["bigram"]["nats"] < floors["unigram"]["nats"]

@@ -18,6 +18,7 @@ from pretrain.data.evaluation import (
     evaluation_chunks,
     evaluation_positions,
     evaluation_units,
+    scored_documents,
     validation_pairs,
 )
 from pretrain.data.mixture import MixturePlan, MixtureSpec, mix_splits, update_shares
@@ -405,8 +406,16 @@ def test_training_logs_tokens_and_validation_loss_per_component(tmp_path):
     # Its floors: each component's, pooled over their validation pairs as val/loss pools them.
     from pretrain.data.floors import combined_floors, spec_floors
 
-    parts = {c.name: spec_floors(c.cache, prepare_cache(c.cache)) for c in spec.components}
+    def scored(cache):  # the validation documents val/loss scored (train.val_batches: the first ones)
+        return scored_documents(cache.split("validation"), validation_pairs(settings))
+
+    parts = {
+        c.name: spec_floors(c.cache, cache, scored(cache))
+        for c in spec.components
+        for cache in (prepare_cache(c.cache),)
+    }
     assert record["floors"] == combined_floors(parts) == summary["floors"]
+    assert record["floors"]["validation_pairs"] == targets  # exactly the pairs val/loss scored
     assert set(record["floors"]["components"]) == {"pydocs", "repo"}
     from pretrain.report.compare import plot_run
 

@@ -236,7 +236,10 @@ def test_compare_logs_the_table_and_plot_into_one_run_of_the_group(sweep):
     arms = json.loads((run.path.parent / "files" / row["compare/arms"]["path"]).read_text())
     assert arms["columns"] == list(WANDB_COLUMNS)
     cells = [dict(zip(WANDB_COLUMNS, r, strict=True)) for r in arms["data"]]
-    assert len(cells) == 11 * 2 and {c["arm"] for c in cells} == {"bestfit", "prepacked document_mask=false"}
+    # 11 metrics, and the context gain with the loss from the previous token alone (eval.context)
+    assert len(cells) == 13 * 2 and {c["arm"] for c in cells} == {"bestfit", "prepacked document_mask=false"}
+    gain = {c["arm"]: c["mean"] for c in cells if c["metric"].startswith("context gain")}
+    assert gain["bestfit"] == pytest.approx(load_run(sweep / "sweep" / "bestfit").last("val/context_gain"))
     (final,) = [c for c in cells if c["metric"] == "final train loss" and c["arm"] == "bestfit"]
     assert final["n"] == 1 and final["mean"] == pytest.approx(
         load_run(sweep / "sweep" / "bestfit").last("train/loss")

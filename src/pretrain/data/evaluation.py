@@ -30,12 +30,20 @@ def evaluation_chunks(
     table = split_chunks(split, max_seq_len)
     keep = np.arange(len(table))
     if max_pairs is not None and len(split):
-        documents = max(1, int(np.searchsorted(np.cumsum(split.lengths - 1), max_pairs, side="right")))
-        keep = keep[table.doc < documents]
+        keep = keep[table.doc < scored_documents(split, max_pairs)]
     keep = keep[rank::world_size]
     return ChunkTable(
         doc=table.doc[keep], start=table.start[keep], length=table.length[keep], max_seq_len=max_seq_len
     )
+
+
+def scored_documents(split: TokenSplit, max_pairs: int | None) -> int:
+    """How many of the split's first documents evaluation scores under a budget of `max_pairs` pairs:
+    those whose pairs add up to at most it (at least one; all when None). The floors of the scored
+    pairs are those of these documents (data/floors.py)."""
+    if max_pairs is None or not len(split):
+        return len(split)
+    return max(1, int(np.searchsorted(np.cumsum(split.lengths - 1), max_pairs, side="right")))
 
 
 def validation_pairs(settings: PolicySettings) -> int | None:
@@ -128,9 +136,14 @@ def block_batches(split: TokenSplit, table: ChunkTable, tokens_per_batch: int) -
         first = last
 
 
-def document_bytes(split: TokenSplit, token_bytes: np.ndarray) -> int:
-    """UTF-8 bytes of the split's documents' text (their tokens' bytes; EOS counts none)."""
+def document_bytes(split: TokenSplit, token_bytes: np.ndarray, documents: int | None = None) -> int:
+    """UTF-8 bytes of the text of the split's first `documents` documents (all: None), by their
+    tokens' bytes (EOS counts none)."""
+    count = len(split) if documents is None else min(documents, len(split))
+    begin = int(split.offsets[0]) if count else 0
+    end = int(split.offsets[count - 1] + split.lengths[count - 1]) if count else 0
     total, block = 0, 1 << 22
-    for start in range(0, split.num_tokens, block):  # memory stays flat on a memory-mapped split
-        total += int(token_bytes[np.asarray(split.tokens[start : start + block], dtype=np.int64)].sum())
+    for start in range(begin, end, block):  # memory stays flat on a memory-mapped split
+        chunk = split.tokens[start : min(start + block, end)]
+        total += int(token_bytes[np.asarray(chunk, dtype=np.int64)].sum())
     return total

@@ -144,7 +144,7 @@ def floor_rows(table: ArmTable, metric: Metric) -> list[str]:
 
 
 def floors_markdown(table: ArmTable) -> list[str]:
-    """The floors section: each arm's floors and whether its seeds ended below the bigram floor."""
+    """The floors section: each arm's floors and whether its seeds ended below the lower bigram floor."""
     if not any(math.isfinite(row.bigram) for row in table.floors):
         return [
             "",
@@ -158,9 +158,9 @@ def floors_markdown(table: ArmTable) -> list[str]:
         "### floors: final val loss against context-free models counted on the train split "
         "(the same validation pairs; nats per pair)",
         "",
-        "| arm | n | final val loss | unigram floor | bigram floor | below the bigram floor | real tokens to "
-        "reach it (extrapolated) |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | n | final val loss | unigram floor | bigram floor (JM) | bigram floor (KN) | below the lower "
+        "bigram floor | real tokens to reach it (extrapolated) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     stuck = []
     for row in table.floors:
@@ -172,18 +172,19 @@ def floors_markdown(table: ArmTable) -> list[str]:
             verdict = f"no ({row.below_bigram}/{row.judged} seeds)"
             stuck.append(row.arm.label)
         cells = [row.arm.label, str(row.arm.n), _number("{:.4f}", row.val_loss)]
-        cells += [_number("{:.4f}", row.unigram), _number("{:.4f}", row.bigram), verdict]
+        cells += [_number("{:.4f}", v) for v in (row.unigram, row.bigram, row.bigram_kn)]
+        cells.append(verdict)
         cells.append("" if row.below_bigram == row.judged else _number("{:,.0f}", row.tokens_to_bigram))
         lines.append("| " + " | ".join(cells) + " |")
     if stuck:
         lines += [
             "",
-            f"{len(stuck)} arm(s) did not end below the bigram floor in every seed: a model there predicts "
+            f"{len(stuck)} arm(s) did not end below the lower bigram floor in every seed: a model there predicts "
             "little better than from the previous token alone, and masking, truncation and fragmentation "
             "act through longer context, so their effect cannot show in these arms at any number of "
             "seeds; train longer (more tokens, a decaying learning rate) before reading a layout effect. "
             "The last column extrapolates each such arm's validations (the second half of them, linear in "
-            "log tokens; the median over seeds) to the bigram floor: an estimate of the budget needed, "
+            "log tokens; the median over seeds) to that floor: an estimate of the budget needed, "
             "n/a where its curve has fewer than 3 validations or is not falling.",
         ]
     return lines

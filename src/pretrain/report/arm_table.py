@@ -92,7 +92,7 @@ class Budget:
 @dataclass(frozen=True)
 class Floors:
     """An arm's floors (nats per validation pair; nan where run.json has none) and how many of its
-    seeds' final val losses are below the bigram floor (of those with both)."""
+    seeds' final val losses are below the gate, the lower bigram floor (of those with both)."""
 
     arm: Arm
     unigram: float
@@ -100,7 +100,14 @@ class Floors:
     val_loss: float
     below_bigram: int
     judged: int
-    tokens_to_bigram: float = math.nan  # median over seeds of `tokens_to_reach` the bigram floor
+    tokens_to_bigram: float = math.nan  # median over seeds of `tokens_to_reach` the gate
+    bigram_kn: float = math.nan  # nan for runs from before the Kneser-Ney floor
+
+    @property
+    def gate(self) -> float:
+        """The lower bigram floor (report/floors.py GATE)."""
+        values = [v for v in (self.bigram, self.bigram_kn) if math.isfinite(v)]
+        return min(values) if values else math.nan
 
 
 @dataclass(frozen=True)
@@ -228,7 +235,7 @@ def budgets(arms: list[Arm], ref: Arm | None) -> list[Budget]:
 
 def arm_floors(arms: list[Arm]) -> list[Floors]:
     """Each arm's floors (its first run's with floors: an arm's seeds score one cache's pairs) and
-    how many of its seeds ended below the bigram floor."""
+    how many of its seeds ended below the gate (the lower bigram floor)."""
     rows = []
     for arm in arms:
         verdicts = [floor_models.below(run, final_val_loss(run)) for run in arm.runs]
@@ -240,7 +247,8 @@ def arm_floors(arms: list[Arm]) -> list[Floors]:
                 summarize([final_val_loss(run) for run in arm.runs]).mean,
                 sum(1 for v in verdicts if v),
                 sum(1 for v in verdicts if v is not None),
-                _median([tokens_to_reach(run, floor_models.floor(run, "bigram")) for run in arm.runs]),
+                _median([tokens_to_reach(run, floor_models.floor(run, floor_models.GATE)) for run in arm.runs]),
+                floor_models.shared(arm.runs, "bigram_kn"),
             )
         )
     return rows

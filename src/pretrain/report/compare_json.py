@@ -118,6 +118,8 @@ def compare_document(
                 "arm": f.arm.label,
                 "unigram": _number(f.unigram),
                 "bigram": _number(f.bigram),
+                "bigram_kn": _number(f.bigram_kn),
+                "gate": _number(f.gate),
                 "below_bigram": f.below_bigram,
                 "judged": f.judged,
             }

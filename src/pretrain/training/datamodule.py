@@ -44,6 +44,7 @@ from ..data.chunking import ChunkTable
 from ..data.evaluation import (
     evaluation_batches,
     evaluation_chunks,
+    scored_documents,
     evaluation_positions,
     evaluation_units,
     validation_pairs,
@@ -202,18 +203,26 @@ class PretrainDataModule(L.LightningDataModule):
             self.floors()  # now, not in a preempted run's grace time at its end (stored once per cache)
 
     def floors(self) -> dict | None:
-        """The floors a run must beat (data/floors.py) on its validation pairs: its one cache's, or a
+        """The floors a run must beat (data/floors.py) on the validation pairs val/loss scores: its one cache's, or a
         mixture's pooled over its components' (each under `components`); None while a cache is not
         prepared (a run stopped while building it)."""
         if self._floors is None:
             if self.mixture is None:
                 if self.cache is not None:
-                    self._floors = spec_floors(self.spec, self.cache)
+                    self._floors = spec_floors(self.spec, self.cache, self._scored_documents(self.cache))
             elif len(self.caches) == len(self.mixture.components):
                 self._floors = combined_floors(
-                    {c.name: spec_floors(c.cache, self.caches[c.name]) for c in self.mixture.components}
+                    {
+                        c.name: spec_floors(c.cache, cache, self._scored_documents(cache))
+                        for c in self.mixture.components
+                        for cache in (self.caches[c.name],)
+                    }
                 )
         return self._floors
+
+    def _scored_documents(self, cache: Cache) -> int:
+        """The validation documents whose pairs val/loss scores (train.val_batches: the first ones)."""
+        return scored_documents(cache.split("validation"), validation_pairs(self.policy))
 
     def validation_batches(self) -> Iterator[PackedBatch]:
         """This rank's validation batches (every set's, in order): the same pairs for every policy."""

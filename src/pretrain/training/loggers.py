@@ -259,7 +259,7 @@ def summary_row(summary: dict) -> dict[str, float | int | str]:
     """The run's row of `pretrain compare`'s table (median tokens/s, mean padding waste, pack
     utilization and attention cost, read back from metrics.csv; the composition audit's fragmented
     documents and cross-document visible tokens), plus steps and seconds and the run's floors
-    (`floor/{unigram,bigram}_{nats,bits_per_byte}`, data/floors.py), keyed `summary/...`."""
+    (`floor/{unigram,bigram,bigram_kn}_{nats,bits_per_byte}`, data/floors.py), keyed `summary/...`."""
     metrics = summary.get("metrics", {})
     row: dict[str, Any] = {
         "policy": summary.get("policy"),
@@ -278,7 +278,7 @@ def summary_row(summary: dict) -> dict[str, float | int | str]:
         "cross_document_visible": (summary.get("composition") or {}).get("cross_document_visible_fraction"),
     }
     floors = summary.get("floors") or {}
-    for model in ("unigram", "bigram"):  # summary/floor/<model>_<unit>: the run's floors (data/floors.py)
+    for model in ("unigram", "bigram", "bigram_kn"):  # summary/floor/<model>_<unit>: the run's floors (data/floors.py)
         for unit in ("nats", "bits_per_byte"):
             row[f"floor/{model}_{unit}"] = (floors.get(model) or {}).get(unit)
     output_dir = summary.get("output_dir")
