@@ -1,6 +1,7 @@
 """`data.positions=restart|continue` on every packing policy, mask on and off: restart is the batch
 as before (each attention segment numbered from 0), continue numbers across the whole pack and changes
-nothing else; the resume key, the audit and the experiment=positions preset."""
+nothing else; a RoPE model with the mask on scores the two alike (rotations are relative), GPT's learned
+position table does not; the resume key, the audit and the experiment=positions preset."""
 
 from __future__ import annotations
 
@@ -62,6 +63,40 @@ def test_restart_is_the_default_and_continue_numbers_across_the_pack(case, mask,
             assert torch.equal(before.position_ids, cont.position_ids)
 
 
+def logits_under(model_name: str, positions: str, tmp_path) -> torch.Tensor:
+    """The logits of the model=<model_name> preset (seeded init) on best-fit packs, mask on, numbered
+    by `positions`: the same packs either way, only position_ids differ (the first 3 batches, 9 packs of
+    several documents each: a (50257-wide) head costs a second a batch on CPU)."""
+    from pretrain.model import build_model, config_from_settings
+
+    torch.manual_seed(0)
+    model = build_model(config_from_settings(to_config(compose(f"model={model_name}")).model)).eval()
+    with torch.no_grad():
+        return torch.cat([model(batch) for batch in batches("bestfit", True, positions, tmp_path)[:3]])
+
+
+@pytest.mark.parametrize(("model_name", "coincide"), [("llama-tiny", True), ("tiny", False)])
+def test_restart_and_continue_coincide_for_rope_not_for_learned_positions(model_name, coincide, tmp_path):
+    """With the document mask on, continue shifts each document's positions by its offset in the pack:
+    RoPE's attention depends on position differences only, so llama-tiny's logits agree to float error
+    (the contrast is void there); GPT's learned position table looks the shifted ids up, so model=tiny's
+    differ (experiment=positions contrasts the two there)."""
+    renumbered = zip(
+        batches("bestfit", True, "restart", tmp_path)[:3],
+        batches("bestfit", True, "continue", tmp_path)[:3],
+        strict=True,
+    )
+    assert any(not torch.equal(a.position_ids, b.position_ids) for a, b in renumbered)  # packs of several
+    restart = logits_under(model_name, "restart", tmp_path)
+    continued = logits_under(model_name, "continue", tmp_path)
+    assert restart.shape == continued.shape and restart.shape[0] > 0
+    gap = float((restart - continued).abs().max())
+    if coincide:
+        assert gap < 1e-5
+    else:
+        assert gap > 1e-2
+
+
 def test_the_choice_is_in_the_resume_key_and_the_audit(tmp_path):
     cfg = policy_cfg("bestfit", "data.max_seq_len=32", "train.batch_size=3", "data.positions=continue")
     assert cfg.data_policy.resume_key()["data.positions"] == "continue"
@@ -86,7 +121,9 @@ def test_experiment_positions_contrasts_the_two():
 
     cfg = compose("experiment=positions")
     config = to_config(cfg)
-    assert config.model.arch == "llama" and config.data.policy == "bestfit" and config.data.document_mask
+    # GPT's learned positions: with RoPE (llama-*) and the mask on, the two numberings give the same logits.
+    assert config.model.arch == "gpt2" and config.model.name == "tiny"
+    assert config.data.policy == "bestfit" and config.data.document_mask
     sweep = OmegaConf.to_container(cfg.hydra.sweeper.params) if "hydra" in cfg else None
     if sweep is None:  # composed without Hydra's own config: read the preset file
         import yaml
