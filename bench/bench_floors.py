@@ -4,7 +4,8 @@ The embedded pydocs cache is built in a fresh root (timed), then its floors are 
 token byte table, counting every train pair, choosing λ, scoring the validation pairs, writing
 floors.json) and read back (a second start). Target: the floors cost under 5 % of the build. A
 synthetic ~10M-token cache (bench_cache.write_synthetic_cache: random ids, so its floors mean nothing)
-shows how the counting scales, whole and as the every-k-th-document sample a 2M-token cap makes.
+shows how the counting scales, whole and as the every-k-th-document sample a 2M-token cap makes, and
+what split.decontaminate's leak check (data/leaks.py) reads per second: what it costs at 10B tokens.
 """
 
 from __future__ import annotations
@@ -50,6 +51,27 @@ def _pydocs_row(root: Path) -> dict:
         "unigram_bits_per_byte": floors["unigram"]["bits_per_byte"],
         "bigram_bits_per_byte": floors["bigram"]["bits_per_byte"],
         "lambda": floors["bigram"]["lambda"],
+        "bigram_kn_nats": floors["bigram_kn"]["nats"],
+        "bigram_kn_bits_per_byte": floors["bigram_kn"]["bits_per_byte"],
+        "kn_discount": floors["bigram_kn"]["discount"],
+        "jm_minus_kn_nats": floors["bigram"]["nats"] - floors["bigram_kn"]["nats"],
+    }
+
+
+def _leak_row(train, validation) -> dict:
+    """The leak check of split.decontaminate on the synthetic cache: train tokens hashed per second."""
+    from pretrain.data.leaks import leaked_documents
+
+    leaked, seconds = _timed(lambda: leaked_documents(train, validation))
+    rate = train.num_tokens / seconds
+    return {
+        "corpus": f"synthetic {SYNTHETIC_TOKENS / 1e6:.0f}M leak check",
+        "train_tokens": train.num_tokens,
+        "validation_tokens": validation.num_tokens,
+        "leaks": len(leaked),
+        "leak_check_s": seconds,
+        "leak_check_tokens_per_s": rate,
+        "minutes_at_10B": 10e9 / rate / 60,
     }
 
 
@@ -78,6 +100,7 @@ def _synthetic_rows(root: Path) -> list[dict]:
                 "lambda": floors["bigram"]["lambda"],
             }
         )
+    rows.append(_leak_row(train, validation))
     return rows
 
 
@@ -85,14 +108,17 @@ def run() -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-floors-") as tmp:
         os.environ.setdefault("PRETRAIN_STATE_DIR", str(Path(tmp) / "state"))
         rows = [_pydocs_row(Path(tmp) / "pydocs"), *_synthetic_rows(Path(tmp) / "synthetic")]
-    pydocs = rows[0]
+    pydocs, leaks = rows[0], rows[-1]
     return {
         "rows": rows,
         "summary": [
             f"pydocs: floors {pydocs['floors_s']:.2f} s = {100 * pydocs['share_of_build']:.1f} % of the "
             f"{pydocs['build_s']:.1f} s build (target < {100 * TARGET_SHARE:.0f} %), reused in "
             f"{1e3 * pydocs['floors_reuse_s']:.0f} ms; unigram {pydocs['unigram_nats']:.3f} nats, bigram "
-            f"{pydocs['bigram_nats']:.3f} nats (λ {pydocs['lambda']:.3f})"
+            f"{pydocs['bigram_nats']:.3f} nats (λ {pydocs['lambda']:.3f}), Kneser-Ney bigram "
+            f"{pydocs['bigram_kn_nats']:.3f} nats (D {pydocs['kn_discount']:.3f})",
+            f"split.decontaminate's leak check: {leaks['leak_check_tokens_per_s'] / 1e6:.1f}M train tokens/s "
+            f"on one core, ~{leaks['minutes_at_10B']:.0f} min at 10B train tokens",
         ],
         "target_share": TARGET_SHARE,
         "meets_target": pydocs["share_of_build"] < TARGET_SHARE,
