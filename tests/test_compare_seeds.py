@@ -612,7 +612,7 @@ def test_floors_are_rows_of_the_val_loss_sections_and_each_arm_is_judged_against
     assert f"| {A} | 3 | 3.2000 | 3.5000 | 3.1000 | n/a | no (1/3 seeds) |" in section
     assert f"| {C} | 1 | 2.8000 | 3.5000 | 3.1000 | n/a | yes (1/1 seeds) |" in section
     assert "2 arm(s) did not end below the lower bigram floor" in section
-    # with a Kneser-Ney floor below Jelinek-Mercer's, the gate is the lower one: padded's 3.0 is not below 2.95
+    # with a Kneser-Ney floor below Jelinek-Mercer's, the gate is the lower one: 3.0 is not below 2.95
     for run_dir in sorted(p for p in study.iterdir() if p.is_dir()):
         write_floors(run_dir, 3.5, 3.1, 2.95)
     table = arm_table(_arms(study))
@@ -624,7 +624,10 @@ def test_floors_are_rows_of_the_val_loss_sections_and_each_arm_is_judged_against
     # runs that scored other validation pairs: no shared floor row, each arm its own floors
     write_floors(study / "6", 3.6, 3.2, 3.0)
     text = markdown(arm_table(_arms(study)))
-    assert "| floor:" not in text and f"| {C} | 1 | 2.8000 | 3.6000 | 3.2000 | 3.0000 | yes (1/1 seeds) |" in text
+    assert (
+        "| floor:" not in text
+        and f"| {C} | 1 | 2.8000 | 3.6000 | 3.2000 | 3.0000 | yes (1/1 seeds) |" in text
+    )
     # and without floors the table says what it cannot tell
     for run_json in study.rglob("run.json"):
         run_json.unlink()

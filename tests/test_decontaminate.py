@@ -25,7 +25,8 @@ def _words(rng: random.Random, count: int) -> str:
     letters = "bcdfghjklmnprstvwz"
     vowels = "aeiou"
     return " ".join(
-        "".join(rng.choice(letters) + rng.choice(vowels) for _ in range(rng.randint(1, 3))) for _ in range(count)
+        "".join(rng.choice(letters) + rng.choice(vowels) for _ in range(rng.randint(1, 3)))
+        for _ in range(count)
     )
 
 
@@ -78,9 +79,10 @@ def test_planted_overlaps_are_counted_then_dropped(corpus, cache_root):
     kept = list(clean.split("validation").ids)
     assert kept == [i for i in validation.ids if i not in planted]  # the rest, in order
     for i, doc in enumerate(kept):  # every kept document's tokens unchanged
-        assert clean.split("validation").document(i).tolist() == validation.document(
-            list(validation.ids).index(doc)
-        ).tolist()
+        assert (
+            clean.split("validation").document(i).tolist()
+            == validation.document(list(validation.ids).index(doc)).tolist()
+        )
     assert clean.split("train").num_tokens == train.num_tokens
 
     record = clean.manifest["build"]["decontamination"]

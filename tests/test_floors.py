@@ -253,8 +253,9 @@ def test_the_first_documents_floors_are_stored_beside_the_whole_splits(tmp_path)
     whole = cache_floors(cache, BYTES)
     first = cache_floors(cache, BYTES, documents=2)
     assert first["validation_documents"] == 2 and first["validation_pairs"] < whole["validation_pairs"]
-    assert json.loads((tmp_path / "cache" / "floors.first-2.json").read_text())["validation_pairs"] == (
-        first["validation_pairs"]
+    assert (
+        json.loads((tmp_path / "cache" / "floors.first-2.json").read_text())["validation_pairs"]
+        == (first["validation_pairs"])
     )
     # Asking for as many documents as the split holds (or more) is the whole split's floors.json.
     assert cache_floors(cache, BYTES, documents=len(VALIDATION_DOCS)) == whole

@@ -34,6 +34,7 @@ from .policies import PolicySettings
 from .samplers import Sampler, build_sampler
 from .tokens import TokenSplit
 
+
 def _length_summary(lengths: np.ndarray) -> dict:
     if len(lengths) == 0:
         return {"min": 0, "median": 0.0, "p90": 0.0, "max": 0}

@@ -247,7 +247,9 @@ def arm_floors(arms: list[Arm]) -> list[Floors]:
                 summarize([final_val_loss(run) for run in arm.runs]).mean,
                 sum(1 for v in verdicts if v),
                 sum(1 for v in verdicts if v is not None),
-                _median([tokens_to_reach(run, floor_models.floor(run, floor_models.GATE)) for run in arm.runs]),
+                _median(
+                    [tokens_to_reach(run, floor_models.floor(run, floor_models.GATE)) for run in arm.runs]
+                ),
                 floor_models.shared(arm.runs, "bigram_kn"),
             )
         )

@@ -44,9 +44,9 @@ from ..data.chunking import ChunkTable
 from ..data.evaluation import (
     evaluation_batches,
     evaluation_chunks,
-    scored_documents,
     evaluation_positions,
     evaluation_units,
+    scored_documents,
     validation_pairs,
 )
 from ..data.floors import combined_floors, spec_floors
@@ -203,9 +203,9 @@ class PretrainDataModule(L.LightningDataModule):
             self.floors()  # now, not in a preempted run's grace time at its end (stored once per cache)
 
     def floors(self) -> dict | None:
-        """The floors a run must beat (data/floors.py) on the validation pairs val/loss scores: its one cache's, or a
-        mixture's pooled over its components' (each under `components`); None while a cache is not
-        prepared (a run stopped while building it)."""
+        """The floors a run must beat (data/floors.py) on the validation pairs val/loss scores: its one
+        cache's, or a mixture's pooled over its components' (each under `components`); None while a
+        cache is not prepared (a run stopped while building it)."""
         if self._floors is None:
             if self.mixture is None:
                 if self.cache is not None:

@@ -278,7 +278,11 @@ def summary_row(summary: dict) -> dict[str, float | int | str]:
         "cross_document_visible": (summary.get("composition") or {}).get("cross_document_visible_fraction"),
     }
     floors = summary.get("floors") or {}
-    for model in ("unigram", "bigram", "bigram_kn"):  # summary/floor/<model>_<unit>: the run's floors (data/floors.py)
+    for model in (
+        "unigram",
+        "bigram",
+        "bigram_kn",
+    ):  # summary/floor/<model>_<unit>: the run's floors (data/floors.py)
         for unit in ("nats", "bits_per_byte"):
             row[f"floor/{model}_{unit}"] = (floors.get(model) or {}).get(unit)
     output_dir = summary.get("output_dir")
