@@ -23,10 +23,9 @@ import functools
 import hashlib
 import heapq
 import importlib.metadata
-import json
+import logging
 import re
 import sys
-import sysconfig
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +34,17 @@ from typing import ClassVar
 
 from ...errors import SourceError
 from .base import Document, Part, PartSizes, SourceConfig
+from .pkgdocs_pins import (
+    PROJECT,
+    Pins,
+    difference_line,
+    differences,
+    editable,
+    installed,
+    python_version,
+    resolve_pins,
+    site_dirs,
+)
 from .prose import c_prose, doc_prose, is_prose, module_prose
 from .pydocs import _pydoc_topics, _stdlib_dir, _stdlib_modules
 
@@ -76,22 +86,6 @@ class Distribution:
 class Listing:
     entries: tuple[Entry, ...]
     distributions: tuple[Distribution, ...]
-
-
-def site_dirs() -> tuple[str, ...]:
-    """The running interpreter's site-packages (purelib and platlib, once each)."""
-    paths = sysconfig.get_paths()
-    return tuple(dict.fromkeys(str(Path(paths[key]).resolve()) for key in ("purelib", "platlib")))
-
-
-def _editable(dist: importlib.metadata.Distribution) -> bool:
-    text = dist.read_text("direct_url.json")
-    if not text:
-        return False
-    try:
-        return bool(json.loads(text).get("dir_info", {}).get("editable"))
-    except (ValueError, AttributeError):
-        return False
 
 
 def _kind(path: PurePosixPath) -> str | None:
@@ -147,17 +141,6 @@ def _description(dist: importlib.metadata.Distribution) -> str:
     if not text and payload is not None:
         text = payload() or ""
     return text if isinstance(text, str) else ""
-
-
-@functools.lru_cache(maxsize=4)
-def installed(roots: tuple[str, ...]) -> dict[str, importlib.metadata.Distribution]:
-    """The distributions in `roots` by normalized name (PEP 503)."""
-    found: dict[str, importlib.metadata.Distribution] = {}
-    for dist in importlib.metadata.distributions(path=list(roots)):
-        name = re.sub(r"[-_.]+", "-", (dist.metadata["Name"] or "").lower())
-        if name and name not in found:  # the first on the path is the one Python imports
-            found[name] = dist
-    return found
 
 
 def _stdlib(entries: list[Entry], copies: Copies) -> Distribution:
