@@ -183,8 +183,8 @@ def floors_markdown(table: ArmTable) -> list[str]:
             "predicts little better than from the previous token alone, and masking, truncation and "
             "fragmentation act through longer context, so their effect cannot show in these arms at any "
             "number of seeds; train longer (more tokens, a decaying learning rate) before reading a layout "
-            "effect. The last column extrapolates each such arm's validations (the second half of them, linear in "
-            "log tokens; the median over seeds) to that floor: an estimate of the budget needed, "
+            "effect. The last column extrapolates each such arm's validations (the second half of them, "
+            "linear in log tokens; the median over seeds) to that floor: an estimate of the budget needed, "
             "n/a where its curve has fewer than 3 validations or is not falling.",
         ]
     return lines
