@@ -34,6 +34,7 @@ is skipped at listing time; the cache drops any further exact duplicate texts
 and changes without a new version, so the identity could not name it. `source.path` reads another
 site-packages directory instead (its distributions only, no standard library; pinned the same way).
 """
+
 from __future__ import annotations
 
 import base64
