@@ -70,7 +70,6 @@ def decontaminate(directory: Path, splits: dict, identity: dict, window: int) ->
         "dropped_ids": [validation.ids[i] for i in leaked],
         "train_tokens_checked": train.num_tokens,
     }
-    train_tokens = train.num_tokens
     if len(leaked):
         keep = np.setdiff1d(np.arange(len(validation)), leaked)
         del train  # its memory map: the files are replaced below
@@ -80,7 +79,7 @@ def decontaminate(directory: Path, splits: dict, identity: dict, window: int) ->
     print(
         f"split.decontaminate: dropped {len(leaked):,} of {len(validation):,} validation documents "
         f"({record['dropped_tokens']:,} tokens) sharing a {window}-token run with train "
-        f"({train_tokens:,} train tokens checked in {record['seconds']:.1f} s)",
+        f"({record['train_tokens_checked']:,} train tokens checked in {record['seconds']:.1f} s)",
         file=sys.stderr,
         flush=True,
     )
