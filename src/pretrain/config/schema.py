@@ -91,6 +91,15 @@ def _auto_or_positive(key: str, value: int | str) -> int | str:
     raise ConfigError(f"{key}={value!r} must be auto or a positive integer, e.g. {key}=auto")
 
 
+def _auto_or_bool(key: str, value: bool | str) -> bool | str:
+    """`auto`, true or false (also given as the strings), else one ConfigError naming `key`."""
+    if not _is_set(value) or isinstance(value, bool) or value == AUTO:
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ConfigError(f"{key}={value!r} must be auto, true or false, e.g. {key}=auto")
+
+
 @dataclass
 class TrainConfig:
     batch_size: int | None = 4
@@ -141,6 +150,12 @@ class TrainConfig:
     """write metrics every N optimizer steps (validation steps always)"""
     deterministic: bool = False
     """torch deterministic algorithms (slower; restored after the run)"""
+    compile: bool | str = AUTO
+    """torch.compile the model's blocks (the token dimension dynamic, attention left to its own kernels):
+    auto = on CUDA only; true also on CPU (needs a C++ compiler); false = eager"""
+    activation_checkpointing: bool = False
+    """recompute each block's activations in the backward instead of keeping them (less memory, about
+    one more forward of compute)"""
 
     def __post_init__(self) -> None:
         for key in (
@@ -151,6 +166,7 @@ class TrainConfig:
         ):
             _at_least(f"train.{key}", getattr(self, key), 1)
         self.val_every_n_steps = _auto_or_positive("train.val_every_n_steps", self.val_every_n_steps)
+        self.compile = _auto_or_bool("train.compile", self.compile)
         _at_least("train.warmup_steps", self.warmup_steps, 0)
         if self.warmup_steps is None and _is_set(self.max_steps):
             default_warmup(self.max_steps)  # says so when it scales down (the field stays null)

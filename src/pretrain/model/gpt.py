@@ -32,10 +32,17 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, meta: AttentionBatch) -> torch.Tensor:
+        return self.project(meta.attend(*self.qkv(x)))
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(T, d_model) -> q, k, v, each (T, H, D)."""
         rows, width = x.shape
         q, k, v = self.c_attn(x).view(rows, 3, self.n_head, width // self.n_head).unbind(1)
-        y = meta.attend(q, k, v).reshape(rows, width)
-        return self.resid_dropout(self.c_proj(y))
+        return q, k, v
+
+    def project(self, y: torch.Tensor) -> torch.Tensor:
+        """The attention output (T, H, D) -> (T, d_model) through the output projection."""
+        return self.resid_dropout(self.c_proj(y.reshape(y.shape[0], -1)))
 
 
 class MLP(nn.Module):
@@ -58,7 +65,15 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, meta: AttentionBatch) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), meta)
+        return self.after_attention(x, meta.attend(*self.before_attention(x)))
+
+    # The block in two halves around attention: train.compile compiles each half and leaves the
+    # attention call (whose per-batch metadata would specialize a graph) to its backend's own kernels.
+    def before_attention(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.attn.qkv(self.ln_1(x))
+
+    def after_attention(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn.project(y)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -90,6 +105,11 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The transformer blocks, in order (what compile and activation checkpointing wrap)."""
+        return self.h
 
     def num_parameters(self, exclude_position_embeddings: bool = False) -> int:
         """Distinct parameters (the tied head counts once)."""

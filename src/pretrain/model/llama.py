@@ -130,6 +130,12 @@ class LlamaAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionBatch
     ) -> torch.Tensor:
+        return self.project(meta.attend(*self.qkv(x, cos, sin)))
+
+    def qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(T, d_model) -> rotated q, k and v, each (T, n_head, head_dim)."""
         rows = x.shape[0]
         q = apply_rope(self.q_proj(x).view(rows, self.n_head, self.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).view(rows, self.n_kv_head, self.head_dim), cos, sin)
@@ -137,7 +143,11 @@ class LlamaAttention(nn.Module):
         if self.n_kv_head != self.n_head:  # each kv head serves n_head / n_kv_head consecutive q heads
             repeats = self.n_head // self.n_kv_head
             k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
-        return self.o_proj(meta.attend(q, k, v).reshape(rows, -1))
+        return q, k, v
+
+    def project(self, y: torch.Tensor) -> torch.Tensor:
+        """The attention output (T, H, D) -> (T, d_model)."""
+        return self.o_proj(y.reshape(y.shape[0], -1))
 
 
 class LlamaMLP(nn.Module):
@@ -178,7 +188,16 @@ class LlamaBlock(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionBatch
     ) -> torch.Tensor:
-        x = x + self.dropout(self.self_attn(self.input_layernorm(x), cos, sin, meta))
+        return self.after_attention(x, meta.attend(*self.before_attention(x, cos, sin)))
+
+    # Two halves around attention, as GPT's Block: what train.compile compiles.
+    def before_attention(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.self_attn.qkv(self.input_layernorm(x), cos, sin)
+
+    def after_attention(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = x + self.dropout(self.self_attn.project(y))
         return x + self.dropout(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -208,6 +227,11 @@ class Llama(nn.Module):
     def head_weight(self) -> torch.Tensor:
         """The (vocab, d_model) output projection: the embedding when tied."""
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The decoder layers, in order (what compile and activation checkpointing wrap)."""
+        return self.layers
 
     def num_parameters(self, exclude_position_embeddings: bool = False) -> int:
         """Distinct parameters (a tied head counts once; RoPE has no position table to exclude)."""

@@ -78,6 +78,8 @@ def run_summary(
         "max_tokens": config.train.max_tokens,
         # What context-free models score on the validation pairs (data/floors.py): rank zero's.
         "floors": datamodule.floors() if trainer.is_global_zero else None,
+        # train.compile: graphs compiled, those after the first step (recompiles), compile seconds.
+        "compile": module.compile_stats.as_dict() if module.compile_stats is not None else None,
     }
     if trainer.is_global_zero and datamodule.train_sampler is not None:
         # What the policy did to the corpus (data/audit.py), for `pretrain compare`'s table: the
