@@ -464,7 +464,40 @@ def markdown(result: dict) -> str:
                 f"| {r['ms_per_step']:.1f} | {r['real_tokens_per_s']:,.0f} | {r['model_tflops']:.1f} | {mfu} "
                 f"| {_fmt(r.get('peak_gib'), '.1f')} | {_fmt(speedup, '.2f')}{'x' if speedup else ''} |"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + setup_markdown(result.get("training_setup") or {})) + "\n"
+
+
+def setup_markdown(setup: dict) -> list[str]:
+    """The compile / FSDP / activation checkpointing rows as short tables."""
+    lines: list[str] = []
+    compiled = setup.get("compile") or {}
+    if "speedup" in compiled:
+        lines += [
+            "",
+            "## train.compile (gpt2-small, varlen, bf16, bestfit batches of 4 token counts)",
+            "",
+            "| graphs | recompiles after step 1 | compile s | first step ms | eager ms/step "
+            "| compiled ms/step | speed-up | break-even steps |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {compiled['graphs']} | {compiled['recompiles']} | {compiled['seconds']:.1f} "
+            f"| {compiled['first_step_ms']:.0f} | {compiled['eager_ms_per_step']:.1f} "
+            f"| {compiled['compiled_ms_per_step']:.1f} | {compiled['speedup']:.3f}x "
+            f"| {_fmt(compiled['breakeven_steps'], '.0f')} |",
+        ]
+    rows = [r for r in setup.get("activation_checkpointing") or [] if isinstance(r, dict) and "peak_gib" in r]
+    if rows:
+        lines += [
+            "",
+            "## Activation checkpointing (gpt2-small, varlen, bf16, one bestfit batch)",
+            "",
+            "| recompute | peak GiB | ms/step |",
+            "|---|---:|---:|",
+        ]
+        lines += [
+            f"| {r['activation_checkpointing']} | {r['peak_gib']:.1f} | {r['ms_per_step']:.1f} |"
+            for r in rows
+        ]
+    return lines
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -476,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per throughput row")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (flex compiles here)")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument(
+        "--skip-training-setup", action="store_true", help="no compile / FSDP / activation checkpointing"
+    )
     parser.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak for MFU (default: table)")
     parser.add_argument(
         "--budget-s", type=float, default=210.0, help="throughput rows still to start past this are skipped"
@@ -485,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
         print("skipped: no CUDA")
         return 0
     sys.path.insert(0, str(ROOT / "src"))  # also runs from a checkout without `pip install -e .`
+    from gpu_training_checks import training_setup_rows
+
     from pretrain.model.flops import peak_flops
 
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must really be fp32
@@ -516,12 +554,18 @@ def main(argv: list[str] | None = None) -> int:
             deadline=started + args.budget_s,
         )
     )
+    setup = (
+        {}
+        if args.skip_training_setup
+        else training_setup_rows(report, device, model_size(size), capacity, rows, args.steps)
+    )
     result = {
         "passed": report.passed,
         "torch": torch.__version__,
         "device": name,
         "checks": report.checks,
         "throughput": throughput_rows,
+        "training_setup": setup,
         "meta": {
             "device": name,
             "torch": torch.__version__,
