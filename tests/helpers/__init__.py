@@ -6,6 +6,7 @@ sources    FineWeb-shaped parquet / JSON lines files
 reference  independent expectations (expected_split, reference_encode, expected_cache)
 configs    config composition, `pretrain prepare` runs, TINY_RUN, module_cache_root, sampler inputs
 plugins    the plug-ins' test cases, read from the registries (POLICY_VARIANTS, ...)
+tiny_models  tiny GPT / Llama and one packed batch (import from helpers.tiny_models)
 """
 
 from .configs import (

@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from .checkpoint_io import RecordedModelCheckpoint, VerifiedCheckpointIO, raise_failed_save
 from .checks import resolve_trainer
 from .datamodule import PretrainDataModule
+from .fsdp import lightning_strategy
 from .loggers import DataStatistics, MetricsStart, build_loggers, finish_loggers
 from .module import PretrainModule
 from .preemption import FINISHING, TRAINING, Interrupted, Signals
@@ -59,7 +60,7 @@ def build_trainer(config: Config, output_dir: Path, callbacks=()) -> L.Trainer:
         accelerator=trainer.accelerator,
         devices=trainer.devices,
         num_nodes=trainer.num_nodes,
-        strategy=trainer.strategy,
+        strategy=lightning_strategy(str(trainer.strategy)),
         precision=trainer.precision,  # type: ignore[arg-type]
         max_steps=t.max_steps,
         max_epochs=-1,

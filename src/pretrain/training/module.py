@@ -21,8 +21,10 @@ from ..data.audit import batch_attention_cost
 from ..data.batch import PackedBatch
 from ..machine_load import load_per_cpu
 from ..model import ModelSettings, build_model, config_from_dict
+from ..model.compile import CompileStats
 from ..model.flops import peak_flops, training_flops
 from .context_use import context_lengths, context_metrics, context_sums
+from .model_setup import set_up_model
 from .scoring import ScoreSums, ScoringProgress, score_batches
 from .update import run_update
 
@@ -115,6 +117,7 @@ class PretrainModule(L.LightningModule):
         self._last_step_end: float | None = None
         self._batch_ready: float | None = None
         self.last_metrics: dict[str, float] = {}  # latest value of each metric, for the run summary
+        self.setup_record: dict | None = None  # what configure_model did (compile stats, ...)
 
     # --- optimization -------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -138,6 +141,21 @@ class PretrainModule(L.LightningModule):
         return (
             self.trainer.strategy.reduce(tensor, reduce_op="sum") if self.trainer.world_size > 1 else tensor
         )
+
+    def configure_model(self) -> None:
+        """Activation checkpointing, compile (train.compile) and sharding, once, before the first step
+        (model_setup.py); `self.setup_record` says what was done, for run.json."""
+        if self.setup_record is None:  # Lightning may call this again (a second fit, a resume)
+            device, mesh = self.trainer.strategy.root_device, self.device_mesh  # mesh: trainer=fsdp's
+            self.setup_record = set_up_model(self.model, self.settings, device, mesh)
+
+    @property
+    def compile_stats(self) -> CompileStats | None:
+        return None if self.setup_record is None else self.setup_record.get("compile")
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self.compile_stats is not None:  # graphs compiled from here on are recompiles
+            self.compile_stats.first_step_done()
 
     def on_fit_start(self) -> None:
         name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None

@@ -80,6 +80,9 @@ def run_summary(
         "floors": datamodule.floors() if trainer.is_global_zero else None,
         # train.compile: graphs compiled, those after the first step (recompiles), compile seconds.
         "compile": module.compile_stats.as_dict() if module.compile_stats is not None else None,
+        # train.activation_checkpointing: blocks recomputed; trainer=fsdp: kind, ranks, FSDP units.
+        "activation_checkpointing": (module.setup_record or {}).get("activation_checkpointing"),
+        "sharding": (module.setup_record or {}).get("sharding"),
     }
     if trainer.is_global_zero and datamodule.train_sampler is not None:
         # What the policy did to the corpus (data/audit.py), for `pretrain compare`'s table: the

@@ -1,0 +1,25 @@
+"""What is done to the model once it sits on its device, before the first step (Lightning's
+`configure_model`): activation checkpointing, then compile, then sharding, the order torchtitan uses
+(each wraps the blocks the one before left)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import TrainConfig
+from ..model.activation_checkpointing import apply_activation_checkpointing
+from ..model.compile import compile_blocks, compile_enabled
+from .fsdp import shard_model
+
+
+def set_up_model(model: torch.nn.Module, train: TrainConfig, device: torch.device, mesh=None) -> dict:
+    """Apply train.activation_checkpointing, train.compile and (given trainer=fsdp's device `mesh`)
+    sharding to `model` in place; return what was done, for run.json."""
+    done: dict = {}
+    if train.activation_checkpointing:
+        done["activation_checkpointing"] = apply_activation_checkpointing(model)  # blocks wrapped
+    if compile_enabled(train.compile, device):
+        done["compile"] = compile_blocks(model)
+    if mesh is not None:
+        done["sharding"] = shard_model(model, mesh)
+    return done
