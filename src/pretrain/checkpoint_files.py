@@ -7,7 +7,7 @@ checks, `pretrain eval` and `pretrain export` all go through it. Nothing here im
   included, is a one-line `CheckpointError` naming the path, and no temporary is left.
 * Next to each checkpoint `<name>.sha256` records its sha256 in `sha256sum` format (`cd checkpoints &&
   sha256sum -c last.ckpt.sha256` checks it by hand). A directory checkpoint (sharded FSDP) gets one line
-  per file: a manifest.
+  per file: a manifest, without which it is never read (DCP's index is a plain pickle).
 * Loading compares the record first, then unpickles with `weights_only=True`: a checkpoint holds only
   tensors, numbers, strings and containers, so a crafted pickle is refused instead of run. A checkpoint
   copied without its record loads with a warning (`ckpt_path=FILE`), or is refused (`require_record`).
@@ -29,6 +29,7 @@ import torch
 
 from .errors import CheckpointError
 from .fileio import atomic_write, process_alive, remove_stale_temporaries, sha256_file, write_text_atomic
+from .sharded_checkpoint import load_sharded
 
 RECORD_SUFFIX = ".sha256"
 AUTO = "auto"
@@ -201,6 +202,13 @@ def verify_checkpoint(path: str | Path, require_record: bool = False) -> bool:
         _check_torch_archive(path)
     record = record_path(path)
     if not record.is_file():
+        if path.is_dir():  # its DCP index is a plain pickle: never read unverified
+            raise CheckpointError(
+                f"checkpoint directory {path} has no {record.name} record, so it cannot be verified (a "
+                "sharded checkpoint's .metadata is a plain pickle): refusing it; if you trust it, record it "
+                f"with `find {path.name} -type f | LC_ALL=C sort | xargs sha256sum > {record.name}` in its "
+                "folder"
+            )
         if require_record:
             raise CheckpointError(
                 f"checkpoint {path} has no {record.name} record, so it cannot be verified: refusing it; "
@@ -235,17 +243,27 @@ def verify_checkpoint(path: str | Path, require_record: bool = False) -> bool:
 
 
 def load_checkpoint(
-    path: str | Path, *, require_record: bool = False, verified: bool = False, map_location: Any = "cpu"
+    path: str | Path,
+    *,
+    require_record: bool = False,
+    verified: bool = False,
+    map_location: Any = "cpu",
+    weights: bool = True,
+    optimizer: bool = True,
 ) -> dict:
     """The checkpoint's contents (tensors memory-mapped): its record compared first (skipped when the
     caller `verified` it already), then unpickled with `weights_only=True`, so a pickle that would run
-    code or build objects of other types is refused, not run. Every failure is a CheckpointError."""
+    code or build objects of other types is refused, not run. Every failure is a CheckpointError.
+    A sharded checkpoint (a directory) comes back in the same layout, its tensors joined in memory
+    (sharded_checkpoint.py): only those asked for (`weights`, `optimizer`), on the CPU."""
     path = Path(path)
     if not verified:
         verify_checkpoint(path, require_record=require_record)
-    target = path / "meta.pt" if path.is_dir() else path  # sharded: Lightning's metadata file
     try:
-        checkpoint = torch.load(target, map_location=map_location, weights_only=True, mmap=path.is_file())
+        if path.is_dir():
+            checkpoint = load_sharded(path, weights=weights, optimizer=optimizer)
+        else:
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except pickle.UnpicklingError as error:
         detail = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
         what = f"references {detail.group(1)}" if detail else "holds objects a checkpoint never has"
@@ -263,7 +281,7 @@ def load_checkpoint(
 def load_trainer_checkpoint(path: str | Path) -> dict:
     """A checkpoint of python train.py (`pretrain eval`, `pretrain export`): loaded as above, refused
     in one line when it lacks the model settings or weights eval and export rebuild from."""
-    checkpoint = load_checkpoint(path)
+    checkpoint = load_checkpoint(path, optimizer=False)
     hparams = checkpoint.get("hyper_parameters")
     if not isinstance(hparams, dict) or "model" not in hparams or "state_dict" not in checkpoint:
         raise CheckpointError(f"{path} is not a checkpoint of python train.py (no model hyper-parameters)")
@@ -302,7 +320,8 @@ def newest_valid_checkpoint(run_dir: Path) -> Path | None:
     for candidate in candidates:
         try:
             verify_checkpoint(candidate, require_record=True)
-            step = int(load_checkpoint(candidate, verified=True).get("global_step", -1))
+            saved = load_checkpoint(candidate, verified=True, weights=False, optimizer=False)
+            step = int(saved.get("global_step", -1))
         except (CheckpointError, TypeError, ValueError) as error:
             unverifiable.append(f"{candidate.name} ({_short_reason(candidate, error)})")
             continue

@@ -22,6 +22,7 @@ DATAMODULE_STATE = "PretrainDataModule"  # Lightning saves a datamodule's state 
 
 
 AUTO = "auto"
+MULTI_RANK = ("ddp", "fsdp")  # strategies that start one process per device
 FLASH_CAPABILITY = (8, 0)  # the flash varlen kernel and native bf16: Ampere and later
 
 
@@ -36,12 +37,33 @@ def training_device(trainer: TrainerConfig) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if accelerator in {"gpu", "cuda"}:
         if not torch.cuda.is_available():
+            ranks = (
+                f", or trainer.accelerator=cpu trainer.devices=2 for {trainer.strategy} on CPU ranks (gloo)"
+                if str(trainer.strategy) in MULTI_RANK
+                else ""
+            )
             raise ConfigError(
                 f"trainer.accelerator={accelerator} but this machine has no CUDA device; use trainer=auto "
-                "(the CPU here) or trainer=cpu"
+                f"(the CPU here) or trainer=cpu{ranks}"
             )
         return "cuda"
     return "cpu"
+
+
+def check_ranks(trainer: TrainerConfig) -> None:
+    """What Lightning would refuse with a traceback: every-GPU devices on CPU ranks, and fp16 under
+    trainer=fsdp (ModelParallelStrategy has no loss scaling over sharded gradients)."""
+    devices = str(trainer.devices).strip()
+    if str(trainer.accelerator) == "cpu" and devices == "-1":
+        raise ConfigError(
+            "trainer.devices=-1 means every GPU; CPU ranks need a number: set trainer.devices=2 (or more)"
+        )
+    if str(trainer.strategy) == "fsdp" and str(trainer.precision) in ("16", "16-mixed"):
+        raise ConfigError(
+            f"trainer=fsdp cannot train in trainer.precision={trainer.precision} (no fp16 loss scaling over "
+            "sharded gradients): use trainer.precision=bf16-mixed (an Ampere or later GPU) or 32-true, or "
+            "trainer=ddp for fp16"
+        )
 
 
 def resolve_trainer(trainer: TrainerConfig) -> TrainerConfig:
@@ -61,7 +83,9 @@ def resolve_trainer(trainer: TrainerConfig) -> TrainerConfig:
             if _cuda_capability() >= FLASH_CAPABILITY
             else "16-mixed"
         )
-    return replace(trainer, accelerator=accelerator, precision=precision)
+    resolved = replace(trainer, accelerator=accelerator, precision=precision)
+    check_ranks(resolved)
+    return resolved
 
 
 def compute_dtype(trainer: TrainerConfig) -> torch.dtype:
@@ -130,7 +154,7 @@ def check_checkpoint(
         raise CheckpointError(f"ckpt_path={path} does not exist")
     # sha256 against its record before unpickling (ckpt_path=auto verified it already); a copy without
     # one loads with a warning
-    checkpoint = load_checkpoint(path, verified=verified)
+    checkpoint = load_checkpoint(path, verified=verified, optimizer=False)
     saved = checkpoint.get("hyper_parameters")
     if not isinstance(saved, dict) or "model" not in saved:
         raise CheckpointError(f"ckpt_path={path} is not a checkpoint of this trainer (no model settings)")
