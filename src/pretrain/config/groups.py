@@ -289,7 +289,7 @@ class TrainerConfig:
     num_nodes: int = 1
     """machines of a multi-node run"""
     strategy: str = MISSING
-    """Lightning strategy: auto, ddp, fsdp"""
+    """Lightning strategy: auto, ddp, fsdp (FSDP2: fully_shard per block, sharded checkpoints)"""
     precision: str = MISSING
     """Lightning precision: 32-true, bf16-mixed, 16-mixed or auto (bf16-mixed on a GPU, fp16 before
     Ampere; 32-true on the CPU)"""
