@@ -10,10 +10,17 @@ around it unchanged. Dropout draws the same masks in the recomputation (the RNG 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
 MARK = "_recomputes_in_backward"  # set on each block this module wrapped
+
+
+def blocks_of(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """`model.blocks` (GPT's `h`, Llama's `layers`), typed: nn.Module's attribute type is a union."""
+    return cast(torch.nn.ModuleList, model.blocks)
 
 
 def _checkpointed(forward):
@@ -29,7 +36,7 @@ def apply_activation_checkpointing(model: torch.nn.Module) -> int:
     """Make every block of `model.blocks` recompute in the backward; returns how many blocks were
     wrapped (a second call wraps nothing again)."""
     wrapped = 0
-    for block in model.blocks:
+    for block in blocks_of(model):
         if getattr(block, MARK, False):
             continue
         block.forward = _checkpointed(block.forward)
@@ -40,4 +47,4 @@ def apply_activation_checkpointing(model: torch.nn.Module) -> int:
 
 def checkpointed_blocks(model: torch.nn.Module) -> int:
     """How many of `model`'s blocks recompute in the backward."""
-    return sum(bool(getattr(block, MARK, False)) for block in model.blocks)
+    return sum(bool(getattr(block, MARK, False)) for block in blocks_of(model))

@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from ..checkpoint_files import record_path
+from ..model.activation_checkpointing import blocks_of
 
 # What training and scoring call on the root model instead of forward (update.py, scoring.py): FSDP
 # gathers the root's parameters around these calls too.
@@ -33,7 +34,7 @@ def shard_model(model: torch.nn.Module, mesh) -> dict:
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     ranks = mesh["data_parallel"] if mesh.mesh_dim_names and "data_parallel" in mesh.mesh_dim_names else mesh
-    blocks = list(model.blocks)
+    blocks = list(blocks_of(model))
     for index, block in enumerate(blocks):
         # The last block's backward runs right after the forward: keeping it gathered saves a gather.
         fully_shard(block, mesh=ranks, reshard_after_forward=index < len(blocks) - 1)
