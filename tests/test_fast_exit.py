@@ -10,7 +10,11 @@ from helpers.env import REPO
 
 PROGRAM = """
 import atexit, logging, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
 from pretrain.fast_exit import exit_now
+
+pool = ThreadPoolExecutor(2)  # idle workers left running (inductor's compile pool): never joined as is
+pool.submit(print, "pool job ran").result()
 
 logging.basicConfig(filename=sys.argv[1], level=logging.INFO)
 logging.info("logged before the exit")  # a file handler's buffer: closed by logging's atexit handler
@@ -30,7 +34,7 @@ def test_exit_now_waits_for_threads_runs_atexit_flushes_and_exits_with_its_code(
         [sys.executable, "-c", PROGRAM, str(log)], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 3, done.stderr
-    assert done.stdout.startswith("buffered, no newline")
+    assert done.stdout.startswith("pool job ran\nbuffered, no newline")
     assert done.stdout.index("worker finished") < done.stdout.index("atexit handler ran")
     assert "never printed" not in done.stdout
     assert "logged before the exit" in log.read_text()

@@ -3,10 +3,10 @@
 Once a run has written its checkpoint, run.json, metrics and plot, Python would still tear down every
 module it imported (torch, torch._dynamo, Lightning, torchmetrics: thousands), which takes 1-3 s here
 (bench/bench_fixed_costs.py), longer on a loaded machine. `exit_now` does the parts of an exit that
-matter, in the interpreter's order: it waits for the threads that are not daemons, runs the atexit
-handlers (logging's flush and close of train.log, W&B's, multiprocessing's), flushes stdout and
-stderr, then ends the process with `os._exit`. Only train.py's own `__main__` calls it, after a
-run that returned (an error or a signal exits the usual way).
+matter, in the interpreter's order: it stops idle executor pools and waits for the threads that are not
+daemons, runs the atexit handlers (logging's flush and close of train.log, W&B's, multiprocessing's),
+flushes stdout and stderr, then ends the process with `os._exit`. Only train.py's own `__main__` calls
+it, after a run that returned (an error or a signal exits the usual way).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import threading
 
 def exit_now(code: int = 0) -> None:
     """End the process with `code` once its threads, atexit handlers and standard streams are done."""
-    current = threading.current_thread()
-    for thread in threading.enumerate():
-        if thread is not current and not thread.daemon and thread.is_alive():
-            thread.join()
+    # The interpreter's own first step: idle pool threads (concurrent.futures, e.g. inductor's compile
+    # workers) are told to stop, then every thread that is not a daemon is joined; joining them
+    # without the first part waits forever.
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
