@@ -10,17 +10,12 @@ around it unchanged. Dropout draws the same masks in the recomputation (the RNG 
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .architectures import blocks_of
+
 MARK = "_recomputes_in_backward"  # set on each block this module wrapped
-
-
-def blocks_of(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """`model.blocks` (GPT's `h`, Llama's `layers`), typed: nn.Module's attribute type is a union."""
-    return cast(torch.nn.ModuleList, model.blocks)
 
 
 def _checkpointed(forward):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -70,3 +70,9 @@ def build_model(config: ModelSettings, attn: str = "sdpa", attn_compile: bool | 
     if isinstance(config, LlamaConfig):
         return Llama(config, attn=attn, attn_compile=attn_compile)
     return GPT(config, attn=attn, attn_compile=attn_compile)
+
+
+def blocks_of(model: nn.Module) -> nn.ModuleList:
+    """`model.blocks` (GPT's `h`, Llama's `layers`): what compile, activation checkpointing and FSDP
+    wrap, typed (nn.Module's attribute type is a union)."""
+    return cast(nn.ModuleList, model.blocks)

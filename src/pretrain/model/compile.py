@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..attention_backends import AUTO
+from .architectures import blocks_of
 
 HALVES = ("before_attention", "after_attention")
 
@@ -103,7 +104,7 @@ def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> Compile
     returned stats fill as graphs are compiled (at the first calls). One graph per half serves every
     block of the same shape."""
     counting = _CountingBackend(backend)
-    for block in model.blocks:
+    for block in blocks_of(model):
         for name in HALVES:
             compiled = torch.compile(getattr(block, name), backend=counting)
             setattr(block, name, _dynamic_rows(compiled))
@@ -112,4 +113,4 @@ def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> Compile
 
 def compiled(model: torch.nn.Module) -> bool:
     """Whether compile_blocks has wrapped `model`'s blocks."""
-    return any(name in block.__dict__ for block in model.blocks for name in HALVES)
+    return any(name in block.__dict__ for block in blocks_of(model) for name in HALVES)

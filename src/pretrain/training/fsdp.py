@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from ..checkpoint_files import record_path
-from ..model.activation_checkpointing import blocks_of
+from ..model.architectures import blocks_of
 
 # What training and scoring call on the root model instead of forward (update.py, scoring.py): FSDP
 # gathers the root's parameters around these calls too.
