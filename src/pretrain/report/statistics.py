@@ -252,7 +252,11 @@ def mean_points(curves: list[list[tuple[float, float]]]) -> MeanCurve | None:
     points = np.array([curve[:count] for curve in curves], dtype=float)  # seeds x k x (x, y)
     summaries = [summarize(list(points[:, k, 1])) for k in range(count)]
     bands = np.array([summary.band() for summary in summaries])
-    return MeanCurve(points[:, :, 0].mean(axis=0), points[:, :, 1].mean(axis=0), bands[:, 0], bands[:, 1])
+    mean = points[:, :, 1].mean(axis=0)
+    # The band always holds the mean: two summation orders of identical values differ in the last bits
+    # (500 seeds: 1e-14), which would make an error bar's extent negative.
+    low, high = np.fmin(bands[:, 0], mean), np.fmax(bands[:, 1], mean)
+    return MeanCurve(points[:, :, 0].mean(axis=0), mean, low, high)
 
 
 SMOOTHING_SPAN_FRACTION = 1 / 15
