@@ -7,6 +7,7 @@
 # this machine's cores and memory (`slurmd -C`; never over a slurm.conf this script did not write),
 # starts munged, slurmctld and slurmd, and waits until `srun` runs a task (exit 1 with the daemons'
 # log lines when it does not). Idempotent: daemons already up are kept.
+# Anything else (no argument, an empty or unknown one) is a usage error: exit 2, nothing started.
 set -euo pipefail
 
 CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
@@ -20,6 +21,11 @@ say() { echo "slurm_local: $*" >&2; }
 die() {
 	say "error: $*"
 	exit 1
+}
+USAGE="usage: $0 start|stop|status"
+usage_error() {
+	say "error: $*; $USAGE"
+	exit 2
 }
 
 need_root() {
@@ -132,7 +138,9 @@ ready() {
 	done
 }
 
-ACTION=${1:-start}
+# The action is explicit: `start` installs and starts daemons as root, never a default.
+[ "$#" = 1 ] || usage_error "expected one action, got $#"
+ACTION=$1
 case "$ACTION" in
 start)
 	if [ -f "$CONF" ] && grep -qF "$MARK" "$CONF" && running slurmctld && running slurmd &&
@@ -161,7 +169,10 @@ status)
 	say "not running: sudo $0 start"
 	exit 1
 	;;
+-h | --help)
+	echo "$USAGE"
+	;;
 *)
-	die "usage: $0 start|stop|status"
+	usage_error "unknown action '${ACTION}'"
 	;;
 esac
