@@ -77,6 +77,20 @@ def rope_theta_of(config: Mapping) -> float:
     return float(parameters.get("rope_theta", config.get("rope_theta", 10000.0)))
 
 
+def rope_scaling_of(config: Mapping) -> str | None:
+    """How a transformers Llama config scales RoPE, in its own words (`rope_scaling linear`), or None
+    for the default RoPE: v5's `rope_parameters.rope_type`, or the older `rope_scaling` dict."""
+    for key in ("rope_parameters", "rope_scaling"):
+        value = config.get(key)
+        if isinstance(value, Mapping):
+            kind = value.get("rope_type", value.get("type", "default" if key == "rope_parameters" else None))
+            if kind != "default":
+                return f"{key} {kind if kind is not None else dict(value)}"
+        elif value is not None:  # not a dict: not a RoPE this code reads either
+            return f"{key} {value!r}"
+    return None
+
+
 def check_llama_directory(config: Mapping, model: LlamaConfig, where: str) -> None:
     """Refuse a LlamaForCausalLM config whose shape or options differ from `model`, in one line."""
     heads = config.get("num_attention_heads")
@@ -102,9 +116,12 @@ def check_llama_directory(config: Mapping, model: LlamaConfig, where: str) -> No
         raise ConfigError(f"{where}: activation {config['hidden_act']}, this Llama uses silu (SwiGLU)")
     if config.get("attention_bias") or config.get("mlp_bias"):
         raise ConfigError(f"{where}: the model has attention or MLP biases; this Llama has none")
-    rope_type = (config.get("rope_parameters") or {}).get("rope_type", "default")
-    if rope_type != "default" or config.get("rope_scaling"):
-        raise ConfigError(f"{where}: RoPE type {rope_type!r} (scaled); only the default RoPE is supported")
+    scaling = rope_scaling_of(config)
+    if scaling:
+        raise ConfigError(
+            f"{where}: {scaling} is not supported: only the default RoPE is (rope_type default, unscaled, "
+            "with its rope_theta)"
+        )
     theta = rope_theta_of(config)
     if not math.isclose(theta, model.rope_theta):
         raise ConfigError(f"{where}: rope_theta {theta:g} there, model.rope_theta={model.rope_theta:g} here")

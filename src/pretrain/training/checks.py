@@ -163,15 +163,7 @@ def check_checkpoint(
             f"ckpt_path={path} was trained with data.max_seq_len={saved.get('max_seq_len')}, "
             f"the config says {max_seq_len}: resume with data.max_seq_len={saved.get('max_seq_len')}"
         )
-    try:
-        have_model = config_from_dict(saved.get("model", {}))
-    except (TypeError, ValueError):
-        have_model = None
-    if have_model != model:
-        raise CheckpointError(
-            f"ckpt_path={path} holds a model {have_model}, the config asks for {model}: "
-            "pick the same model=... and data.max_seq_len as the run that saved it"
-        )
+    _check_model(path, saved, model)
     state = checkpoint.get("state_dict")
     if not isinstance(state, dict):
         raise CheckpointError(f"ckpt_path={path} holds no model weights (state_dict)")
@@ -195,6 +187,41 @@ def check_checkpoint(
             check_resume(upgrade_sampler_state(sampler_state), policy, world_size)
         except ConfigError as error:
             raise CheckpointError(f"ckpt_path={path}: {error}") from None
+
+
+def _check_model(path: str, saved: dict, model: ModelSettings) -> None:
+    """The checkpoint's model is the config's; one that differs only in vocab_size was trained with
+    another tokenizer (the vocabulary follows it): that line names the tokenizer it was trained with."""
+    try:
+        have_model = config_from_dict(saved.get("model", {}))
+    except (TypeError, ValueError):
+        have_model = None
+    if have_model == model:
+        return
+    if type(have_model) is type(model) and replace(have_model, vocab_size=model.vocab_size) == model:
+        raise CheckpointError(
+            f"ckpt_path={path} was trained with another tokenizer: {trained_tokenizer(saved)} "
+            f"({have_model.vocab_size} ids), this config's model has vocab_size {model.vocab_size}: "
+            "resume with the tokenizer it was trained with (a new tokenizer is a new run)"
+        )
+    raise CheckpointError(
+        f"ckpt_path={path} holds a model {have_model}, the config asks for {model}: "
+        "pick the same model=... and data.max_seq_len as the run that saved it"
+    )
+
+
+def trained_tokenizer(saved: dict) -> str:
+    """The tokenizer a checkpoint's run used, as its saved config names it (`tokenizer.file=...`)."""
+    tokenizer = (saved.get("run_config") or {}).get("tokenizer") or {}
+    source, hub = tokenizer.get("source"), f"{tokenizer.get('name')}@{tokenizer.get('revision')}"
+    named = {
+        "file": f"tokenizer.file={tokenizer.get('file')}",
+        "files": f"tokenizer.vocab_file={tokenizer.get('vocab_file')} (+ {tokenizer.get('merges_file')})",
+        "hub": f"the hub's {hub} (tokenizer.source=hub)",
+        "hub_file": f"the hub's {hub} tokenizer.json (tokenizer.source=hub_file)",
+        "bundled": "GPT-2's bundled tokenizer (tokenizer=gpt2)",
+    }
+    return named.get(str(source), "a tokenizer it does not record")
 
 
 def launch_world_size(trainer: TrainerConfig) -> int | None:
