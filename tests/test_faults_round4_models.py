@@ -1,14 +1,17 @@
 """Reliability, round 4 (issue 42), the model's files: what a refused resume or `model.init_from` says
-(item 10: the tokenizer a checkpoint was trained with, a scaled RoPE, integer weights)."""
+(item 10: the tokenizer a checkpoint was trained with, a scaled RoPE, integer weights), and the call
+docs/checkpoints.md shows for scoring packed documents with an exported Llama (item 13)."""
 
 from __future__ import annotations
 
 import json
+import re
+import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_RUN, module_cache_root
+from helpers import REPO, TINY_RUN, module_cache_root
 from helpers.tiny_models import gpt, llama
 from helpers.trained_tokenizers import small_bpe
 
@@ -101,3 +104,43 @@ def test_init_from_llama_refuses_integer_weights(tmp_path):
     safetensors_torch.save_file(weights, str(directory / "model.safetensors"))
     with pytest.raises(ConfigError, match="norm.weight holds int32 values, not floating point weights"):
         init_from(llama(), directory)
+
+
+# --- item 13: the documented call scores packed documents apart; a default call does not -----------
+
+
+def _documented_call() -> str:
+    """The python block of docs/checkpoints.md that scores a packed row with transformers."""
+    text = (REPO / "docs" / "checkpoints.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "position_ids" in b]
+    assert len(blocks) == 1, "docs/checkpoints.md shows one call with position_ids"
+    return textwrap.dedent(blocks[0])  # the block sits in a list item
+
+
+def test_the_documented_packed_call_isolates_documents_and_the_default_call_does_not(tmp_path):
+    """The exported config.json says use_cache: true; with the cache on, transformers 5.x masks the row
+    causally as one sequence (the docs said position_ids alone split it)."""
+    transformers = pytest.importorskip("transformers")
+    from test_hf_llama import ATOL, ours, packed_batch, theirs
+    from test_hf_llama import config as llama_config
+
+    ours_model = ours(llama_config())
+    theirs(ours_model).save_pretrained(tmp_path / "my-llama")
+    assert json.loads((tmp_path / "my-llama" / "config.json").read_text())["use_cache"] is True
+    batch = packed_batch(seed=3)
+    call = _documented_call()
+    assert "use_cache=False" in call and "attention_mask" not in call
+    scope = {
+        "transformers": transformers,
+        "torch": torch,
+        "ids": batch.input_ids,
+        "positions": batch.position_ids,
+    }
+    with torch.no_grad():
+        exec(call.replace('"my-llama"', repr(str(tmp_path / "my-llama"))), scope)
+        mine = ours_model(batch)
+        default = scope["model"](
+            input_ids=batch.input_ids[None], position_ids=batch.position_ids[None]
+        ).logits
+    torch.testing.assert_close(scope["logits"][0], mine, atol=ATOL, rtol=0)
+    assert (default[0] - mine).abs().max() > 0.1  # documents attended to each other

@@ -1,6 +1,7 @@
 """The Llama half of the Hugging Face round trip against transformers' LlamaForCausalLM (offline: the
 models are random and built here): logits equal within 1e-5 in fp32 on packed documents (transformers
-isolates them from `position_ids` alone), the weights map both ways, and model.init_from's checks."""
+isolates them from `position_ids` with no attention mask, only with use_cache=False), the weights map
+both ways, and model.init_from's checks."""
 
 from __future__ import annotations
 
