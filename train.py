@@ -78,10 +78,12 @@ def run_single(main, argv: list[str]) -> None:
     """One run, checked on Hydra's composition (launch_checks.CheckBeforeRun, in conf/train.yaml's
     hydra.callbacks). Hydra raises rather than prints its own errors here (HYDRA_FULL_ERROR), so a
     composition error is reported as every config error is: `check_overrides` composes the command
-    line again and refuses it in one line, exit 2 (anything else keeps its traceback)."""
+    line again and refuses it in one line, exit 2; so is Hydra's failure to write the run directory (a
+    full disk). Anything else keeps its traceback."""
     import os
 
     from pretrain.errors import exit_on_user_error, one_line_errors
+    from pretrain.launch_checks import report_run_dir_write
 
     before = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
@@ -91,6 +93,9 @@ def run_single(main, argv: list[str]) -> None:
         check_overrides(argv)  # exits 2 with the composition error in one line
         with exit_on_user_error():
             raise error
+    except OSError as error:
+        report_run_dir_write(error)  # exits 2 when Hydra could not write the run directory
+        raise
     finally:
         if before is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)

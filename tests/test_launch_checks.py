@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 
 from pretrain import launch_checks, startup_collector
 from pretrain.config import CONFIG_NAME, config_dir, load_config, register_schema, to_config
+from pretrain.training.startup import RunSettings
 
 REPO = Path(__file__).resolve().parents[1]
 cache_root = module_cache_root(SHARED_CACHE)
@@ -50,15 +51,17 @@ def _hydra_config(overrides: list[str]):
         return compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True)
 
 
-def test_the_callback_checks_hydras_composition_and_hands_on_the_typed_config(tmp_path, monkeypatch):
+def test_the_callback_checks_hydras_composition_and_hands_on_the_run_settings(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "outputs").mkdir()
     overrides = ["experiment=smoke", "data=padded", "train.lr=0.002"]
     config = _hydra_config(overrides)
     launch_checks.CheckBeforeRun().on_run_start(config=config)
     handed = launch_checks.checked_config(config)
-    assert handed == to_config(load_config(overrides))
-    assert handed.data.policy == "padded" and handed.train.lr == 0.002
+    assert isinstance(handed, RunSettings)  # built once, before the run directory: the job places it
+    typed = to_config(load_config(overrides))
+    assert handed.config.data == typed.data and handed.config.train == typed.train
+    assert handed.config.data.policy == "padded" and handed.config.train.lr == 0.002
     assert launch_checks.checked_config(config) is config  # handed on once: a later job types its own
 
 
@@ -76,7 +79,7 @@ def test_a_bug_in_the_checks_stops_the_run_with_its_traceback(tmp_path, monkeypa
     """Hydra turns an exception from a callback into a warning and runs the job: not this one."""
     monkeypatch.chdir(tmp_path)
 
-    def broken(cfg, overrides):
+    def broken(cfg, overrides, **kwargs):
         raise KeyError("a bug")
 
     monkeypatch.setattr(launch_checks, "check_single_run", broken)

@@ -5,8 +5,12 @@ replaced). A refusal is one `error:` line with exit 2, and no run directory is m
 
 A single run is checked on the config Hydra composed for it: `CheckBeforeRun` is a Hydra callback
 (conf/train.yaml's `hydra.callbacks`) whose `on_run_start` runs after Hydra's composition and before
-`run_job` makes the directory. It hands the typed config on to the job (`checked_config`), so a run
-composes and types its config once (each composition is ~0.1 s of start-up; bench_fixed_costs.py).
+`run_job` makes the directory. It builds the run's settings there (`RunSettings.before_run_dir`: the
+tokenizer files read, `model.init_from` and `ckpt_path` checked), so their refusals too come before
+anything is made, and hands them on to the job (`checked_config`): a run composes and types its config
+once (each composition is ~0.1 s of start-up; bench_fixed_costs.py). Should Hydra fail to write the
+directory's `.hydra/` (a full disk), `report_run_dir_write` says so in one line and removes what the
+run made.
 A multirun (`-m`/`--multirun`) is checked by `check_overrides` for every job's config (sweep.py
 expands it as Hydra would) before Hydra makes the sweep directory: no job starts when any job would be
 refused. `check_overrides` also checks a single run's command line without Hydra (tests, and the
@@ -35,13 +39,15 @@ from .errors import WriteError, exit_on_user_error
 
 if TYPE_CHECKING:
     from .sweep import Job
+    from .training.startup import RunSettings
 
 MULTIRUN_FLAGS = ("-m", "--multirun")
 MIN_VALIDATIONS = 2
 """A run validating fewer times has no val-loss curve, and compare no val loss at equal tokens."""
 _SAID: set[str] = set()  # the launch's warnings and notes said in this process
 
-_checked: Config | None = None  # the single run's typed config, from on_run_start to its job
+_checked: Config | RunSettings | None = None  # the single run's, from on_run_start to its job
+_job_started = False  # Hydra has written the run directory's .hydra/ and called the job
 
 
 class CheckBeforeRun(Callback):
@@ -53,21 +59,26 @@ class CheckBeforeRun(Callback):
             given = config.hydra.overrides  # the command line, hydra.* apart from the job's own
             job = OmegaConf.masked_copy(config, [str(key) for key in config if key != "hydra"])
             with exit_on_user_error():
-                _checked = check_single_run(job, [*given.hydra, *given.task])
+                _checked = check_single_run(job, [*given.hydra, *given.task], settle=True)
         except Exception:  # Hydra would make it a warning and run the job: a bug stops the run here
             traceback.print_exc()
             raise SystemExit(1) from None
 
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global _job_started
+        _job_started = True
 
-def checked_config(cfg: DictConfig) -> DictConfig | Config:
-    """The job's config, typed once: the one `CheckBeforeRun` checked, else `cfg` as Hydra gives it."""
+
+def checked_config(cfg: DictConfig) -> DictConfig | Config | RunSettings:
+    """The job's config, typed once: the settings `CheckBeforeRun` built, else `cfg` as Hydra gives it."""
     global _checked
     typed, _checked = _checked, None
     return typed if typed is not None else cfg
 
 
-def check_single_run(cfg: DictConfig, overrides: list[str]) -> Config:
-    """Every check of one run on its composed config; returns it typed."""
+def check_single_run(cfg: DictConfig, overrides: list[str], settle: bool = False) -> Config | RunSettings:
+    """Every check of one run on its composed config; returns it typed, or (`settle`: train.py's
+    callback) the run's settings, built before the run directory is locked (made)."""
     from .config import check_choices, check_known_keys, to_config
 
     check_choices(cfg)
@@ -75,11 +86,36 @@ def check_single_run(cfg: DictConfig, overrides: list[str]) -> Config:
     config = to_config(cfg)
     directory = check_run_dir(overrides)
     check_job(config)
+    checked: Config | RunSettings = config
+    if settle:
+        from .training.startup import RunSettings
+
+        checked = RunSettings.before_run_dir(config)
     note_new_outputs(overrides)
     if directory is not None:
         lock_run_dir(directory, config)
     say_launch_notes([config.train])
-    return config
+    return checked
+
+
+def report_run_dir_write(error: OSError) -> None:
+    """An OSError out of a single run before its job started is Hydra's, writing the run directory's
+    `.hydra/` (a full disk): one `error:` line, exit 2, and the directory left as the run found it.
+    Returns for anything else (the job's own error keeps its traceback)."""
+    from .training.rundir import remove_refused_run, this_run_dir
+
+    directory = this_run_dir()
+    if _job_started or directory is None:
+        return
+    import errno
+
+    remove_refused_run(directory)
+    free = "free disk space or " if error.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    with exit_on_user_error():
+        raise WriteError(
+            f"cannot write the run directory {directory}: {error.strerror or error}; {free}run elsewhere "
+            "with hydra.run.dir=DIR"
+        ) from None
 
 
 def check_overrides(argv: list[str]) -> None:
@@ -174,12 +210,17 @@ def lock_run_dir(directory: Path, config: Config) -> None:
     """An existing run directory (hydra.run.dir=DIR, a SLURM job's) is locked before Hydra writes its
     `.hydra/` files and train.log into it, and a fresh run there must not replace another run's
     checkpoints: a refused run leaves the live run's files as they were."""
-    from .training.rundir import check_fresh_start, hold_run_dir, is_rank_zero
+    from .errors import PretrainError
+    from .training.rundir import check_fresh_start, hold_run_dir, is_rank_zero, remove_refused_run
 
     if not is_rank_zero():  # the other ranks are rank 0's own job
         return
     hold_run_dir(directory)  # held until the process ends; the run's own lock shares it
-    check_fresh_start(directory, config.ckpt_path, config.start_over)
+    try:
+        check_fresh_start(directory, config.ckpt_path, config.start_over)
+    except PretrainError:
+        remove_refused_run(directory)  # the lock file, or the directory the lock made
+        raise
 
 
 def note_new_outputs(argv: list[str]) -> None:

@@ -7,8 +7,6 @@ and a checkpoint allow, prepares or verifies the cache, trains with Lightning (f
 
 from __future__ import annotations
 
-import shutil
-
 from omegaconf import DictConfig
 
 from .. import startup_collector
@@ -17,7 +15,7 @@ from ..config import Config
 from ..errors import PretrainError
 from .fit import PlotRun, fit
 from .preemption import Signals, active
-from .rundir import RunLock, claimed_here, is_rank_zero
+from .rundir import RunLock, is_rank_zero, remove_refused_run
 from .startup import (
     RunSettings,
     _start_over_if_asked,
@@ -27,8 +25,9 @@ from .startup import (
 )
 
 
-def train(cfg: DictConfig | Config, callbacks=(), plot_run: PlotRun | None = None) -> dict:
-    """Run one training job; returns its summary (also written to run.json in the output dir).
+def train(cfg: DictConfig | Config | RunSettings, callbacks=(), plot_run: PlotRun | None = None) -> dict:
+    """Run one training job; returns its summary (also written to run.json in the output dir). `cfg`:
+    the composed config, or the settings train.py's launch checks built from it.
 
     The signal handlers are train.py's when it installed them (from its first line), else this
     call's own, restored when it returns."""
@@ -43,12 +42,15 @@ def train(cfg: DictConfig | Config, callbacks=(), plot_run: PlotRun | None = Non
             signals.restore()
 
 
-def _train(cfg: DictConfig | Config, callbacks, signals: Signals, plot_run: PlotRun | None) -> dict:
+def _train(
+    cfg: DictConfig | Config | RunSettings, callbacks, signals: Signals, plot_run: PlotRun | None
+) -> dict:
     quiet_lightning()
-    run = RunSettings.from_config(cfg)  # schema, device and ckpt_path checks: nothing written yet
+    # Schema, device, tokenizer and ckpt_path checks: nothing written yet (train.py: done before Hydra
+    # made the run directory).
+    run = cfg.in_run_dir() if isinstance(cfg, RunSettings) else RunSettings.from_config(cfg)
     startup_collector.resume()  # imports and config done: start-up's objects frozen, collector on
     output_dir = run.output_dir
-    fresh = not output_dir.exists() or claimed_here(output_dir)
     lock = RunLock(output_dir).acquire() if is_rank_zero() else None  # creates the directory
     try:
         try:
@@ -60,9 +62,8 @@ def _train(cfg: DictConfig | Config, callbacks, signals: Signals, plot_run: Plot
             _writable_checkpoint_dir(output_dir / "checkpoints")
             return fit(run, callbacks, signals, plot_run)
         except PretrainError:
-            if fresh and is_rank_zero() and not _trained(output_dir):
-                # A run that never started leaves no directory behind (only what Hydra and we made).
-                shutil.rmtree(output_dir, ignore_errors=True)
+            if is_rank_zero() and not _trained(output_dir):
+                remove_refused_run(output_dir)  # a run that never started leaves the directory as it was
             raise
     finally:
         if lock is not None:

@@ -10,6 +10,7 @@ Light on purpose: train.py registers the resolver before Hydra starts.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -58,20 +59,13 @@ def register_run_dir_resolver() -> None:
     OmegaConf.register_new_resolver("pretrain.run_dir", run_dir, use_cache=True, replace=True)
 
 
-def claimed_here(path: Path) -> bool:
-    """True when this process created `path`: with the resolver (a new run directory of its own) or
-    by taking its lock (`RunLock` made the directory)."""
-    resolved = Path(path).resolve()
-    claimed = (Path(c).resolve() for c in _CLAIMED.values())
-    return resolved in _MADE or any(c == resolved for c in claimed)
-
-
 LOCK_NAME = ".run.lock"
 START_OVER = "start_over"
 """The root key that lets a fresh run replace another run's checkpoints in its directory."""
 
 _HELD: dict[Path, RunLock] = {}  # train.py's locks, held to the process's end (flock is per open file)
-_MADE: set[Path] = set()  # run directories this process created to lock them
+_BEFORE: dict[Path, frozenset[str] | None] = {}  # what a run directory held when this process locked
+# it (None: the lock made it), for `remove_refused_run`
 
 
 def is_rank_zero() -> bool:
@@ -91,11 +85,14 @@ def run_checkpoints(directory: Path) -> list[Path]:
 def check_fresh_start(directory: Path, ckpt_path: str | None, start_over: bool) -> None:
     """A run that resumes nothing must not write over another run's checkpoints: `last.ckpt` and
     `step*.ckpt` would be replaced one by one and the directory would mix two runs (and a later
-    `ckpt_path=auto` could resume the other run's newer step). Refused unless the user resumes or
-    starts over explicitly."""
+    `ckpt_path=auto` could resume the other run's newer step), nor replace its `metrics.csv`. Refused
+    unless the user resumes or starts over explicitly (`start_over` checked: `check_start_over`)."""
     from ..errors import ConfigError
 
-    if ckpt_path is not None or start_over:
+    if start_over:
+        check_start_over(directory)
+        return
+    if ckpt_path is not None:
         return
     found = run_checkpoints(directory)
     if found:
@@ -105,6 +102,66 @@ def check_fresh_start(directory: Path, ckpt_path: str | None, start_over: bool) 
             f"overwrite them; resume it with ckpt_path=auto, replace it with {START_OVER}=true (deletes "
             "them), or run elsewhere (hydra.run.dir=... or output_dir=...)"
         )
+    metrics = Path(directory) / "metrics.csv"
+    if os.path.lexists(metrics):  # without checkpoints too: the earlier run's curve is data
+        raise ConfigError(
+            f"{metrics} holds another run's metrics (and no checkpoint): a new run would replace them; "
+            f"replace them with {START_OVER}=true, resume from a checkpoint with ckpt_path=PATH, or run "
+            "elsewhere (hydra.run.dir=... or output_dir=...)"
+        )
+
+
+def check_start_over(directory: Path) -> None:
+    """`start_over=true` deletes only regular files that resolve inside the run directory (a sharded
+    checkpoint: a directory of them). A `checkpoints/` that is a symbolic link (to another run's
+    folder), or a checkpoint or record that is a link or not a regular file, is refused before
+    anything is deleted."""
+    from ..errors import ConfigError
+
+    found = _not_deletable(Path(directory))
+    if found is not None:
+        path, what = found
+        raise ConfigError(
+            f"{START_OVER}=true deletes only regular files inside {directory}, and {path} {what}: nothing "
+            "was deleted; remove it yourself or run elsewhere (hydra.run.dir=... or output_dir=...)"
+        )
+
+
+def _not_deletable(directory: Path) -> tuple[Path, str] | None:
+    """The first path `remove_checkpoints` would delete that is not a regular file (or a sharded
+    checkpoint's folder) resolving inside the run directory, and what it is; None when there is none."""
+    import stat
+
+    folder = directory / "checkpoints"
+    if folder.is_symlink():
+        return folder, f"is a symbolic link (to {os.readlink(folder)})"
+    inside = directory.resolve()
+    for path, may_be_folder in _deleted_paths(directory):
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISLNK(mode):
+            return path, f"is a symbolic link (to {os.readlink(path)})"
+        if not (stat.S_ISREG(mode) or (may_be_folder and stat.S_ISDIR(mode))):
+            return path, "is not a regular file"
+        if not path.resolve().is_relative_to(inside):
+            return path, f"resolves outside it (to {path.resolve()})"
+    return None
+
+
+def _deleted_paths(directory: Path) -> Iterator[tuple[Path, bool]]:
+    """Every path `remove_checkpoints` deletes, and whether it may be a folder (a sharded checkpoint
+    and the folders in it; os.walk lists a linked folder without entering it)."""
+    for path in run_checkpoints(directory):
+        yield path, True
+        record = path.with_name(path.name + ".sha256")
+        if os.path.lexists(record):
+            yield record, False
+        if path.is_dir() and not path.is_symlink():
+            for root, folders, files in os.walk(path):
+                yield from ((Path(root, name), True) for name in folders)
+                yield from ((Path(root, name), False) for name in files)
 
 
 def remove_checkpoints(directory: Path) -> list[Path]:
@@ -113,7 +170,7 @@ def remove_checkpoints(directory: Path) -> list[Path]:
 
     removed = run_checkpoints(directory)
     for path in removed:
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
@@ -145,10 +202,10 @@ class RunLock:
             self._shared = True
             return self
         try:
-            made = not directory.exists()
+            # Before the lock file and Hydra's .hydra/: what a refused run leaves there.
+            before = frozenset(os.listdir(directory)) if directory.is_dir() else None
             directory.mkdir(parents=True, exist_ok=True)
-            if made:
-                _MADE.add(directory.resolve())
+            _BEFORE[directory.resolve()] = before
             # O_NOFOLLOW: a symlink planted as the lock is refused, never truncated through.
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as error:
@@ -203,6 +260,34 @@ def hold_run_dir(directory: Path) -> RunLock:
     lock = RunLock(directory).acquire()
     _HELD[Path(directory).resolve()] = lock
     return lock
+
+
+def this_run_dir() -> Path | None:
+    """The single run directory this process locked or claimed (train.py), else None."""
+    found = {*_HELD, *(Path(c).resolve() for c in _CLAIMED.values())}
+    return found.pop() if len(found) == 1 else None
+
+
+def remove_refused_run(directory: Path) -> None:
+    """A run refused after its directory was made leaves it as it was: removed when this process made
+    it (the `pretrain.run_dir` resolver, or its lock), else only the entries added since this process
+    locked it (the lock file, Hydra's `.hydra/`); untouched when this process did not lock it."""
+    import shutil
+
+    resolved = Path(directory).resolve()
+    claimed = any(Path(c).resolve() == resolved for c in _CLAIMED.values())
+    if not resolved.is_dir() or not (claimed or resolved in _BEFORE):
+        return
+    before = None if claimed else _BEFORE[resolved]
+    if before is None:
+        shutil.rmtree(resolved, ignore_errors=True)
+        return
+    for name in sorted(set(os.listdir(resolved)) - before):
+        path = resolved / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def hydra_mode() -> str | None:

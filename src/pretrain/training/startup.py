@@ -111,6 +111,12 @@ class RunSettings:
 
     @classmethod
     def from_config(cls, cfg: DictConfig | Config) -> RunSettings:
+        """Everything checked and built from `cfg`, nothing written, in the run directory (Hydra's, else
+        `output_dir` or outputs/manual); a run too slow for the CPU warned about."""
+        return cls._build(cfg, None).warned()
+
+    @classmethod
+    def _build(cls, cfg: DictConfig | Config, output_dir: Path | None) -> RunSettings:
         if isinstance(cfg, DictConfig):  # a multirun job's too (train.py checks a single run's first)
             check_known_keys(cfg)
         config = to_config(cfg)
@@ -120,7 +126,6 @@ class RunSettings:
         config = replace(config, trainer=resolve_trainer(config.trainer))  # Lightning sees concrete values
         config = with_tokenizer_vocab(config)
         model = config_from_settings(config.model)
-        warn_if_slow_on_cpu(config, model, policy)  # e.g. model=gpt2-small on trainer=cpu
         if config.model.init_from and not config.ckpt_path:
             from ..hf import check_init_from
 
@@ -129,7 +134,7 @@ class RunSettings:
         if mixture is not None:
             mixture.check_policy(policy.policy)
         cache = CacheSpec.from_config(config) if mixture is None else mixture.components[0].cache
-        output_dir = _output_dir(config.output_dir)
+        output_dir = _output_dir(config.output_dir) if output_dir is None else output_dir
         run = cls(config, policy, model, cache, mixture, backend, output_dir, chosen)
         if config.ckpt_path != AUTO:  # auto: chosen once the run directory is locked (resolve_auto)
             check_checkpoint(
@@ -142,6 +147,22 @@ class RunSettings:
                 world_size=launch_world_size(config.trainer),
             )
         return run
+
+    @classmethod
+    def before_run_dir(cls, config: Config) -> RunSettings:
+        """train.py's launch checks (launch_checks.CheckBeforeRun): the settings built, and so the
+        tokenizer, model.init_from and ckpt_path refused, before Hydra makes the run directory, whose
+        path only the job knows (`in_run_dir`)."""
+        quiet_lightning()  # the checkpoint checks load with torch and Lightning
+        return cls._build(config, output_dir=Path())
+
+    def in_run_dir(self) -> RunSettings:
+        """These settings in the run directory Hydra made for the job (its log now open: warned)."""
+        return replace(self, output_dir=_output_dir(self.config.output_dir)).warned()
+
+    def warned(self) -> RunSettings:
+        warn_if_slow_on_cpu(self.config, self.model, self.policy)  # e.g. model=gpt2-small on trainer=cpu
+        return self
 
     @property
     def data_key(self) -> str:
