@@ -5,7 +5,8 @@ alike (the Hydra-style spelling sits naturally among overrides). A usage error s
 subcommand it concerns.
 
 Errors a user can fix (`pretrain.errors.PretrainError` and Hydra's config errors) are printed in one
-line with exit status 2; anything else keeps its traceback.
+line with exit status 2; anything else keeps its traceback. Ctrl-C (exit 130) and SIGTERM (exit 143,
+stop_signals.py) unwind through every cleanup: nothing half-written stays.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import ConfigError, exit_on_user_error
+from .stop_signals import Terminated, sigterm_unwinds
 
 OUTPUT_SPELLING = "output="
 """`output=PATH` among the arguments means `--output PATH` (not a config key: no schema has `output`)."""
@@ -407,7 +409,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        with exit_on_user_error():
+        with exit_on_user_error(), sigterm_unwinds():  # SIGTERM, as Ctrl-C, leaves nothing half-written
             if args.command == "prepare":
                 return cmd_prepare(args.overrides)
             if args.command == "inspect-data":
@@ -422,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated as stopped:
+        print("terminated", file=sys.stderr)
+        return stopped.exit_code
 
 
 if __name__ == "__main__":
