@@ -52,6 +52,7 @@ from typing import ClassVar
 
 from ...errors import SourceError
 from .base import Document, Part, PartSizes, SourceConfig
+from .dist_files import files_of, metadata_of, read_file
 from .pkgdocs_pins import (
     PROJECT,
     Pins,
@@ -155,7 +156,7 @@ class Copies:
 
 
 def _description(dist: importlib.metadata.Distribution) -> str:
-    metadata = dist.metadata
+    metadata = metadata_of(dist)
     text = metadata["Description"] or ""  # the header (older metadata), else the body
     payload = getattr(metadata, "get_payload", None)  # the METADATA body (Metadata-Version 2.1+)
     if not text and payload is not None:
@@ -187,13 +188,12 @@ def _list_distribution(
     base = Path(str(dist.locate_file("")))
     counts = {"module": 0, "doc": 0, "csource": 0}
     skipped = size = 0
-    for text_path, record in sorted((str(f), f) for f in dist.files or ()):
+    for text_path, record in sorted((str(f), f) for f in files_of(dist)):
         kind = _kind(PurePosixPath(text_path))
         if kind is None:
             continue
-        try:
-            data = (base / text_path).read_bytes()
-        except OSError:  # listed in RECORD, removed since: not part of the environment
+        data = read_file(base, text_path)
+        if data is None:  # removed since RECORD listed it, outside the site, not a regular file, huge
             continue
         field_ = f"{record.hash.mode}={record.hash.value}" if record.hash else ""
         if copies.seen(_content_hash(field_, data), data):
@@ -334,11 +334,10 @@ class PkgdocsSource:
         dist = installed(self.roots)[entry.distribution]
         if entry.kind == "description":
             return _description(dist)
-        file = Path(str(dist.locate_file(entry.path)))
-        try:
-            data = file.read_bytes()
-        except OSError as error:
-            raise SourceError(f"source=pkgdocs: {file} cannot be read ({error}); reinstall it") from error
+        data = read_file(Path(str(dist.locate_file(""))), entry.path)
+        if data is None:  # listed, so it was a regular file inside the site when the listing was made
+            file = dist.locate_file(entry.path)
+            raise SourceError(f"source=pkgdocs: {file} cannot be read (changed since listed); reinstall it")
         if entry.kind == "csource":
             return c_prose(data)
         return module_prose(data) if entry.kind == "module" else doc_prose(data)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import SourceError
+from .dist_files import metadata_of
 
 PINS_FILE = Path(__file__).with_name("pkgdocs_pins.txt")
 PROJECT, INSTALLED = "project", "installed"  # source.pins: the shipped list, or whatever is installed
@@ -93,11 +94,9 @@ def resolve_pins(choice: str | None) -> Pins | None:
 
 
 def editable(dist: importlib.metadata.Distribution) -> bool:
-    text = dist.read_text("direct_url.json")
-    if not text:
-        return False
-    try:
-        return bool(json.loads(text).get("dir_info", {}).get("editable"))
+    try:  # a direct_url.json that is not UTF-8 JSON (ValueError) says nothing: not editable
+        text = dist.read_text("direct_url.json")
+        return bool(text and json.loads(text).get("dir_info", {}).get("editable"))
     except (ValueError, AttributeError):
         return False
 
@@ -107,7 +106,7 @@ def installed(roots: tuple[str, ...]) -> dict[str, importlib.metadata.Distributi
     """The distributions in `roots` by normalized name (PEP 503), editable ones included."""
     found: dict[str, importlib.metadata.Distribution] = {}
     for dist in importlib.metadata.distributions(path=list(roots)):
-        name = normalize(dist.metadata["Name"] or "")
+        name = normalize(metadata_of(dist)["Name"] or "")  # METADATA not UTF-8: one SourceError
         if name and name not in found:  # the first on the path is the one Python imports
             found[name] = dist
     return found
