@@ -20,7 +20,7 @@ from ..data.policies import REGISTRY, DataConfig, positive_int
 from ..data.sources import SourceConfig
 from ..errors import ConfigError
 from ..gpt2 import GPT2_VOCAB_SIZE
-from .checks import SEED_RANGE, _at_least, _is_set, _within
+from .checks import SEED_RANGE, _at_least, _is_set, _within, check_finite
 from .groups import (
     BudgetConfig,
     CacheConfig,
@@ -274,6 +274,7 @@ class Config:
     """corpora mixed by token share (`mixture=<name>`); null = the one `source`"""
 
     def __post_init__(self) -> None:
+        check_finite(self)  # every group's floats: a range check alone lets inf (and some nan) through
         vocab = self.model.vocab_size
         gpt2_files = str(self.tokenizer.source) in ("bundled", "hub", "files")
         if gpt2_files and _is_set(vocab) and vocab is not None and vocab < GPT2_VOCAB_SIZE:
