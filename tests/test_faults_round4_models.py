@@ -93,7 +93,7 @@ def test_init_from_refuses_weights_that_are_not_floating_point(tmp_path, dtype):
     with pytest.raises(ConfigError) as error:
         init_from(model, directory)
     name = str(dtype).removeprefix("torch.")
-    assert f"h.0.mlp.c_fc.weight holds {name} values, not floating point weights" in str(error.value)
+    assert f"h.0.mlp.c_fc.weight holds {name}, not floating point weights" in str(error.value)
     assert torch.equal(model.state_dict()["h.0.mlp.c_fc.weight"], before)  # nothing copied
 
 
@@ -102,7 +102,7 @@ def test_init_from_llama_refuses_integer_weights(tmp_path):
     weights = safetensors_torch.load_file(str(directory / "model.safetensors"))
     weights["model.norm.weight"] = weights["model.norm.weight"].to(torch.int32)
     safetensors_torch.save_file(weights, str(directory / "model.safetensors"))
-    with pytest.raises(ConfigError, match="norm.weight holds int32 values, not floating point weights"):
+    with pytest.raises(ConfigError, match="norm.weight holds int32, not floating point weights"):
         init_from(llama(), directory)
 
 

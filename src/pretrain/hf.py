@@ -408,20 +408,17 @@ def init_from(model: Decoder, directory: Path | str, extend_positions: bool = Fa
 
 
 def _check_layout(directory: Path, own: dict, weights: dict, layout: str) -> None:
-    """The directory's tensor names are the model's, no more and no fewer, each of floating point
-    values (copy_ would cast integers or booleans of the right shape into weights silently)."""
+    """The directory's tensor names are the model's, no more and no fewer, each floating point."""
     missing, unexpected = sorted(set(own) - set(weights)), sorted(set(weights) - set(own))
     if missing or unexpected:
         raise ConfigError(
             f"model.init_from={directory}: weights do not match {layout} "
             f"(missing {missing[:4]}, unexpected {unexpected[:4]})"
         )
-    for key, value in weights.items():
+    for key, value in weights.items():  # copy_ would cast integers of the right shape silently
         if not value.is_floating_point():
-            raise ConfigError(
-                f"model.init_from={directory}: {key} holds {str(value.dtype).removeprefix('torch.')} "
-                "values, not floating point weights: re-export or re-download it"
-            )
+            kind = str(value.dtype).removeprefix("torch.")
+            raise ConfigError(f"model.init_from={directory}: {key} holds {kind}, not floating point weights")
 
 
 @torch.no_grad()
