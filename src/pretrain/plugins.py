@@ -9,6 +9,7 @@ the schema's choices, Hydra's `<name>_schema` options and the tests' cases are d
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import fields
 from typing import Protocol, TypeVar
 
 from .errors import ConfigError
@@ -61,6 +62,21 @@ class Registry(Mapping[str, P]):
         if found is None:
             raise ConfigError(f"unknown {self.key} {str(name)!r}; choose one of {', '.join(self._plugins)}")
         return found
+
+    def readers(self, option: str) -> list[str]:
+        """The plug-ins that have `option` (a field of their config_class), in the order listed."""
+        return [
+            name for name, p in self._plugins.items() if option in {f.name for f in fields(p.config_class)}
+        ]
+
+    def read_by(self, option: str) -> str:
+        """What a refusal of `<group>.<option>` under another plug-in adds: `; read by data=bestfit,
+        data=firstfit: choose one, or drop the key`, or "" when no plug-in reads it (a typo)."""
+        group = self.key.split(".")[0]
+        names = [f"{group}={name}" for name in self.readers(option)]
+        if not names:
+            return ""
+        return f"; read by {', '.join(names)}: choose {'it' if len(names) == 1 else 'one'}, or drop the key"
 
     def config_classes(self) -> dict[str, type]:
         """name -> the dataclass of its options."""

@@ -1,7 +1,7 @@
 """The typed config, by job: `schema` (the root and the train group) and `groups` (the other groups),
 `plugin_groups` (data, attn and source, typed by the chosen plug-in), `compose` (Hydra's compose with
-the schema, `to_config`), `migrate` (every old key and old state read in today's schema) and
-`reference` (docs/config.md, generated from the fields' docstrings).
+the schema, `to_config`), `migrate` (every old key and old state read in today's schema),
+`reference` (docs/config.md, generated from the fields' docstrings) and `location` (where conf/ is).
 
 The run's entry turns the composed `DictConfig` into these dataclasses once (`to_config`) and builds
 the settings objects of the data, model and training code from them; nothing below the entry reads
@@ -18,7 +18,6 @@ from .compose import (
     UnknownKeyError,
     check_choices,
     check_known_keys,
-    config_dir,
     load_config,
     to_config,
     with_group_option,
@@ -41,12 +40,12 @@ from .groups import (
     TrainerConfig,
     VerifyMode,
 )
+from .location import CONFIG_NAME, config_dir
 from .migrate import upgrade_run_config, upgrade_sampler_state
 from .plugin_groups import GROUPS, TypedGroup, group_schema, group_schemas, register_schema
 from .reference import field_docs, markdown_reference, schema_rows
 from .schema import (
     AUTO_VALIDATIONS,
-    CONFIG_NAME,
     SCHEMA_NAME,
     Config,
     TrainConfig,

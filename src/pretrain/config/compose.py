@@ -4,19 +4,18 @@ an already composed config (`with_group_option`)."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, is_dataclass
-from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 from hydra.errors import ConfigCompositionException as ConfigCompositionError
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from ..errors import ConfigError
+from .location import CONFIG_NAME, config_dir
 from .plugin_groups import GROUPS, group_schema, group_schemas, register_schema
-from .schema import CONFIG_NAME, Config
+from .schema import Config
 
 
 def with_group_option(root: DictConfig | ListConfig, group: str, option: str) -> DictConfig:
@@ -32,18 +31,6 @@ def with_group_option(root: DictConfig | ListConfig, group: str, option: str) ->
         own = {f.name for f in fields(group_schema(merged, group))}
         merged[group] = {k: v for k, v in merged[group].items() if k in own}
     return merged
-
-
-def config_dir() -> Path:
-    """`conf/` of the repository (editable install), else env PRETRAIN_CONFIG_DIR, else ./conf."""
-    env = os.environ.get("PRETRAIN_CONFIG_DIR")
-    candidates = [Path(env)] if env else []
-    candidates += [Path(__file__).resolve().parents[3] / "conf", Path.cwd() / "conf"]
-    for candidate in candidates:
-        if (candidate / f"{CONFIG_NAME}.yaml").is_file():
-            return candidate.resolve()
-    searched = ", ".join(map(str, candidates))
-    raise ConfigError(f"no {CONFIG_NAME}.yaml in {searched}; set PRETRAIN_CONFIG_DIR to the conf/ folder")
 
 
 def load_config(overrides: Sequence[str] = ()) -> DictConfig:
@@ -129,7 +116,15 @@ def _no_such_key(key: str, root: type, schemas: Mapping[type, type] | None = Non
         cls, i = schemas.get(found, found) if found is not None else None, i + 1
     if cls is None or i > len(parents):
         return "no such key"
-    return f"no such key; {_where(cls, parents)} has: {', '.join(f.name for f in fields(cls))}"
+    return f"no such key; {_where(cls, parents)} has: {', '.join(f.name for f in fields(cls))}{_read_by(key)}"
+
+
+def _read_by(key: str) -> str:
+    """For a key of a plug-in group (a mixture component's source too) that another plug-in of the
+    group has: which plug-ins read it (`Registry.read_by`), else ""."""
+    *parents, name = key.split(".")
+    typed = GROUPS.get(parents[-1]) if parents else None
+    return typed.registry.read_by(name) if typed is not None else ""
 
 
 def check_known_keys(cfg: DictConfig) -> None:
@@ -140,7 +135,8 @@ def check_known_keys(cfg: DictConfig) -> None:
 
     def refuse(path: str, cls: type, prefix: str) -> None:
         where = _where(cls, prefix.rstrip(".").split(".") if prefix else [])
-        raise UnknownKeyError(f"{path}: no such key; {where} has: {', '.join(f.name for f in fields(cls))}")
+        has = ", ".join(f.name for f in fields(cls))
+        raise UnknownKeyError(f"{path}: no such key; {where} has: {has}{_read_by(path)}")
 
     def walk(node: dict, cls: type, prefix: str) -> None:
         hints = get_type_hints(cls)

@@ -15,7 +15,7 @@ from ..data.ingest.prepare_settings import Encoder
 from ..data.ingest.writer import TokenDtype
 from ..data.sources import typed_source
 from ..errors import ConfigError
-from .checks import _at_least, _is_set, _valid_devices
+from .checks import ReadBy, _at_least, _is_set, _valid_devices
 
 
 class TokenizerSource(StrEnum):
@@ -53,6 +53,17 @@ class TokenizerConfig:
     """source=file: the tokenizer.json"""
     eos_token: str | None = None
     """source=file/hub_file: the EOS token's text; null = the one the files name"""
+
+    # The keys only some sources read; set under another, they are refused (checks.check_read).
+    read_by: ClassVar[ReadBy] = ReadBy(
+        "source",
+        {
+            "vocab_file": ("files",),
+            "merges_file": ("files",),
+            "file": ("file",),
+            "eos_token": ("file", "hub_file"),
+        },
+    )
 
 
 # The split's defaults are the schema's; data/ingest/split.py reads them from here (config sits below data).

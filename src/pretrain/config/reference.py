@@ -11,7 +11,7 @@ from typing import get_type_hints
 
 from omegaconf import MISSING, OmegaConf
 
-from .compose import config_dir
+from .location import config_dir
 from .plugin_groups import BASES, TypedGroup
 from .schema import Config
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ..attention_backends import AttnConfig
 from ..data.policies import REGISTRY, DataConfig, positive_int
 from ..data.sources import SourceConfig
 from ..errors import ConfigError
 from ..gpt2 import GPT2_VOCAB_SIZE
-from .checks import SEED_RANGE, _at_least, _is_set, _within, check_finite
+from .checks import SEED_RANGE, _at_least, _is_set, _within, check_finite, check_read
 from .groups import (
     BudgetConfig,
     CacheConfig,
@@ -34,7 +34,6 @@ from .groups import (
     TrainerConfig,
 )
 
-CONFIG_NAME = "train"
 SCHEMA_NAME = "pretrain_schema"
 
 
@@ -275,6 +274,8 @@ class Config:
 
     def __post_init__(self) -> None:
         check_finite(self)  # every group's floats: a range check alone lets inf (and some nan) through
+        for group in fields(self):  # a key its option does not read (a group that declares read_by)
+            check_read(group.name, getattr(self, group.name))
         vocab = self.model.vocab_size
         gpt2_files = str(self.tokenizer.source) in ("bundled", "hub", "files")
         if gpt2_files and _is_set(vocab) and vocab is not None and vocab < GPT2_VOCAB_SIZE:

@@ -60,7 +60,8 @@ def typed_source(values: Mapping[str, Any] | SourceConfig, key: str = "source") 
     own = [f.name for f in fields(cls)]
     foreign = sorted(set(given) - set(own))
     if foreign:
-        raise ConfigError(f"{key}.{foreign[0]}: no such key; source={kind} has: {', '.join(own)}")
+        read_by = SOURCES.read_by(foreign[0])  # `; read by source=local (...)` when another kind has it
+        raise ConfigError(f"{key}.{foreign[0]}: no such key; source={kind} has: {', '.join(own)}{read_by}")
     return cls(**given)
 
 
