@@ -53,6 +53,10 @@ def test_eos_from_tokenizer_config_beside_and_explicit(tmp_path):
     assert resolve_tokenizer(tokenizer_cfg(path)).eos_token_id == 1
     with pytest.raises(TokenizerError, match="tokenizer.eos_token='<nope>' is not a token of"):
         resolve_tokenizer(tokenizer_cfg(path, "tokenizer.eos_token='<nope>'"))
+    for not_settings in ("[]", '"<stop>"', "3"):  # JSON, but not an object: one line (was AttributeError)
+        (tmp_path / "tokenizer_config.json").write_text(not_settings)
+        with pytest.raises(TokenizerError, match=r"tokenizer_config.json holds a JSON \w+, not an object"):
+            resolve_tokenizer(tokenizer_cfg(path))
 
 
 def test_missing_or_malformed_file_refused(tmp_path):

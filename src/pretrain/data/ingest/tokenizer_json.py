@@ -135,9 +135,15 @@ def _eos_from_files(path: Path, tokenizer: Tokenizer) -> str | None:
     beside = path.with_name("tokenizer_config.json")
     if beside.is_file():
         try:
-            eos = json.loads(beside.read_text(encoding="utf-8")).get("eos_token")
+            settings = json.loads(beside.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise TokenizerError(f"{beside} cannot be read ({error}); fix it or remove it") from None
+        if not isinstance(settings, dict):
+            raise TokenizerError(
+                f"{beside} holds a JSON {type(settings).__name__}, not an object of settings; "
+                "fix it or remove it"
+            )
+        eos = settings.get("eos_token")
         if isinstance(eos, dict):  # transformers may save an AddedToken as a dict
             eos = eos.get("content")
         if isinstance(eos, str) and eos:
