@@ -1,4 +1,4 @@
-"""The `pretrain` command: prepare, verify, inspect-data, compare, eval, export.
+"""The `pretrain` command: prepare, verify, inspect-data, compare, eval, export, lm-eval.
 
 One convention for outputs: every subcommand that writes a file takes `--output PATH` and `output=PATH`
 alike (the Hydra-style spelling sits naturally among overrides). A usage error shows the usage of the
@@ -21,13 +21,17 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import ConfigError, exit_on_user_error
+from .report.compare_options import add_compare_parser
 from .stop_signals import Terminated, sigterm_unwinds
 
 OUTPUT_SPELLING = "output="
 """`output=PATH` among the arguments means `--output PATH` (not a config key: no schema has `output`)."""
 
 
-VALUE_OPTIONS = ("--output", "--reference", "--contrast", "--at-tokens", "--at-seconds", "--at-step")
+VALUE_OPTIONS = (
+    *("--output", "--reference", "--contrast", "--at-tokens", "--at-seconds", "--at-step"),
+    *("--tasks", "--limit", "--seed", "--tasks-dir", "--batch-size", "--examples"),
+)
 """Options followed by their value: `_options_last` moves the pair together."""
 
 
@@ -273,6 +277,59 @@ def cmd_export(checkpoint: str, output: str) -> int:
     return 0
 
 
+def cmd_lm_eval(args: argparse.Namespace) -> int:
+    from .downstream.command import LmEvalRequest, parse_tasks, run_lm_eval, summary_rows
+
+    path = _check_output_file(args.output, "--output FILE", "lm-eval.json") if args.output else None
+    request = LmEvalRequest(
+        checkpoint=args.checkpoint,
+        tasks=parse_tasks(args.tasks),
+        limit=args.limit,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        tasks_dir=Path(args.tasks_dir) if args.tasks_dir else None,
+        examples=args.examples,
+    )
+    result = run_lm_eval(request)
+    identity = result["checkpoint"]
+    where = f"step {identity['step']}, policy {identity['policy']}" if "step" in identity else "export"
+    table = Table(title=f"lm-eval {result['lm_eval_version']}: {args.checkpoint} ({where})")
+    table.add_column("task.metric")
+    table.add_column("value", justify="right")
+    for name, value in summary_rows(result):
+        table.add_row(name, value)
+    Console().print(table)
+    if result.get("run_json"):
+        print(f"recorded in {result['run_json']} (downstream)")
+    if path is not None:
+        _write_output(path, json.dumps(result, indent=2, default=str) + "\n")
+        print(path)
+    return 0
+
+
+def _add_lm_eval(sub) -> None:
+    """`pretrain lm-eval CKPT --tasks NAMES` and its options (docs/evaluation.md)."""
+    lm_eval = sub.add_parser(
+        "lm-eval", help="lm-evaluation-harness on a checkpoint: the project's offline tasks or the harness's"
+    )
+    lm_eval.add_argument("checkpoint", help="a .ckpt written by python train.py, or an exported directory")
+    lm_eval.add_argument(
+        "--tasks",
+        required=True,
+        help="comma-separated: pretrain_cloze, pretrain_recall, pretrain_bpb, or lm-eval tasks (hub data)",
+    )
+    lm_eval.add_argument("--limit", type=int, metavar="N", help="at most N examples per task")
+    lm_eval.add_argument("--seed", type=int, default=0, help="the seed the project's tasks are drawn with")
+    lm_eval.add_argument("--batch-size", type=int, default=16, metavar="N", help="requests per forward")
+    lm_eval.add_argument(
+        "--examples", type=int, default=1000, metavar="N", help="examples written per project task"
+    )
+    lm_eval.add_argument(
+        "--tasks-dir", metavar="DIR", help="keep the generated task files here (lm_eval --include_path DIR)"
+    )
+    _add_output(lm_eval, "also write the result as JSON to this file")
+
+
 def _add_output(parser: argparse.ArgumentParser, help: str, required: bool = False) -> None:
     parser.add_argument("--output", metavar="PATH", required=required, help=f"{help} (or output=PATH)")
 
@@ -291,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", help="Hydra overrides, e.g. data=padded data.max_seq_len=1024"
     )
     _add_output(inspect, "also write the statistics as JSON to this file (the table is always printed)")
-    _add_compare(sub)
+    add_compare_parser(sub)
     evaluate = sub.add_parser("eval", help="validation loss, perplexity and bits per byte of a checkpoint")
     evaluate.add_argument("checkpoint", help="a .ckpt written by python train.py")
     evaluate.add_argument(
@@ -301,77 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="a Hugging Face GPT2LMHeadModel directory from a checkpoint")
     export.add_argument("checkpoint", help="a .ckpt written by python train.py")
     _add_output(export, "the new model directory", required=True)
+    _add_lm_eval(sub)
     return parser
-
-
-def _add_compare(sub) -> None:
-    """`pretrain compare DIR...` and its options."""
-    compare = sub.add_parser(
-        "compare",
-        help="what packing bought: loss, waste and truncation of runs side by side; runs that differ "
-        "only in seed form one arm (mean, std, n)",
-    )
-    compare.add_argument("dirs", nargs="+", help="run directories or multirun directories")
-    _add_output(
-        compare,
-        "image file for the plot: .png, .pdf, .svg, ... (default: compare.png in the first directory); "
-        "the tables (.md), every number (.json) and the contrast figure (-contrast) go beside it",
-    )
-    compare.add_argument(
-        "--wandb",
-        action="store_true",
-        help="also log the tables and plot into one W&B run of the runs' group (offline without a key)",
-    )
-    compare.add_argument(
-        "--reference",
-        metavar="ARM",
-        help="the arm the others are compared with, by its label in the table (default: the first padded "
-        "arm, else the first arm); its level is also the contrasts' reference",
-    )
-    compare.add_argument(
-        "--contrast",
-        metavar="KEY",
-        help="the factor whose levels are contrasted within each combination of the other keys the "
-        "runs vary, seeds paired inside it (default: data.policy when it varies), e.g. "
-        "--contrast data.document_mask",
-    )
-    _add_interpolation_options(compare)
-    compare.add_argument(
-        "--unpaired",
-        action="store_true",
-        help="Welch's t test for every arm; by default arms that ran the same seeds are compared "
-        "seed by seed (paired t)",
-    )
-    compare.add_argument(
-        "--no-timing",
-        action="store_true",
-        help="a figure without times, for publishing from a shared machine: loss against optimizer steps "
-        "instead of seconds, no tokens/s bars (the tables keep them)",
-    )
-
-
-def _add_interpolation_options(compare) -> None:
-    """compare's `--at-tokens`, `--at-seconds`, `--at-step`: where val loss is interpolated."""
-    compare.add_argument(
-        "--at-tokens",
-        type=float,
-        metavar="N",
-        help="real-token count at which val loss is interpolated (default: the most every run validated at)",
-    )
-    compare.add_argument(
-        "--at-seconds",
-        type=float,
-        metavar="S",
-        help="training seconds at which val loss is interpolated "
-        "(default: the longest every run validated at)",
-    )
-    compare.add_argument(
-        "--at-step",
-        type=float,
-        metavar="N",
-        help="optimizer step at which val loss is interpolated "
-        "(default: the last step every run validated at)",
-    )
 
 
 def _options_last(argv: list[str]) -> list[str]:
@@ -420,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                 return cmd_eval(args.checkpoint, args.overrides, args.output)
             if args.command == "export":
                 return cmd_export(args.checkpoint, args.output)
+            if args.command == "lm-eval":
+                return cmd_lm_eval(args)
             return cmd_compare(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -173,6 +173,25 @@ def saved_config(checkpoint: dict, overrides: Sequence[str] = ()) -> Config:
     return to_config(root)  # type: ignore[arg-type]
 
 
+def load_decoder(
+    checkpoint: dict,
+    config: Config,
+    where: str,
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Decoder:
+    """The checkpoint's model with its weights, on the attention backend its config names (checked
+    for `device` and `dtype`; default the CPU in float32)."""
+    device = device or torch.device("cpu")
+    gpt_config = config_from_dict(checkpoint["hyper_parameters"]["model"])
+    backend = check_backend(str(config.attn.backend), device, dtype, training=False)
+    weights = model_weights(checkpoint)
+    check_weight_shapes(weights, gpt_config, where)
+    model = build_model(gpt_config, attn=backend, attn_compile=config.attn.compile_mode)
+    model.load_state_dict(weights)
+    return model
+
+
 def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict:
     """The `pretrain eval` result: loss, perplexity, bits_per_byte, targets, documents, nats, bytes,
     loss_by_position, targets_by_position, loss_by_context, context_gain, step, policy."""
@@ -189,11 +208,7 @@ def evaluate_checkpoint(path: Path | str, overrides: Sequence[str] = ()) -> dict
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32  # bf16 autocast on CUDA (varlen needs it)
-    backend = check_backend(str(config.attn.backend), device, dtype, training=False)
-    weights = model_weights(checkpoint)
-    check_weight_shapes(weights, gpt_config, str(path))
-    model = build_model(gpt_config, attn=backend, attn_compile=config.attn.compile_mode)
-    model.load_state_dict(weights)
+    model = load_decoder(checkpoint, config, str(path), device, dtype)
     mixture = MixtureSpec.from_config(config)
     specs = (
         {None: CacheSpec.from_config(config)}

@@ -60,6 +60,7 @@ def metrics(
         *_interpolated_metrics(runs, at_tokens, at_seconds, at_step),
         *_component_metrics(runs),
         *_context_metrics(runs),
+        *_downstream_metrics(runs),
         *_budget_metrics(),
     ]
 
@@ -150,6 +151,47 @@ def _context_metrics(runs: list[Run]) -> list[Metric]:
             missing="no val/loss_by_context/1",
         ),
     ]
+
+
+DOWNSTREAM_DETAILS = ("_stderr", "_low", "_high")
+"""A downstream metric's spread and interval (per run): the arms' table has its own over seeds."""
+DOWNSTREAM_COUNTS = {"examples", "documents", "documents_left_out", "targets", "bytes"}
+DOWNSTREAM_CHECKS = {"reference_bits_per_byte", "difference"}  # pretrain_bpb's agreement, not a score
+RECALL_VARIANTS = ("pretrain_recall_plain", "pretrain_recall_distractor")  # in pretrain_recall's contrast
+
+
+def downstream_keys(runs: list[Run]) -> list[tuple[str, str]]:
+    """(task, metric) pairs any run's `pretrain lm-eval` recorded, in first-seen order: the scores,
+    not their per-run stderrs and intervals, counts or checks."""
+    pairs: dict[tuple[str, str], None] = {}
+    for run in runs:
+        for task, values in run.downstream.items():
+            if task in RECALL_VARIANTS and "pretrain_recall" in run.downstream:
+                continue
+            for metric in values if isinstance(values, dict) else ():
+                if metric.endswith(DOWNSTREAM_DETAILS) or metric in DOWNSTREAM_COUNTS | DOWNSTREAM_CHECKS:
+                    continue
+                pairs[(task, metric)] = None
+    return list(pairs)
+
+
+def _downstream_metrics(runs: list[Run]) -> list[Metric]:
+    """`pretrain lm-eval`'s scores from run.json (docs/evaluation.md), each compared like val loss:
+    per arm over its seeds, paired by seed."""
+    return [
+        Metric(
+            f"downstream.{task}.{metric}",
+            f"{task} {metric} (pretrain lm-eval on the run's checkpoint)",
+            partial(_downstream, task=task, metric=metric),
+            missing=f"no downstream.{task}.{metric} in run.json (run pretrain lm-eval --tasks {task})",
+        )
+        for task, metric in downstream_keys(runs)
+    ]
+
+
+def _downstream(run: Run, task: str, metric: str) -> float:
+    value = (run.downstream.get(task) or {}).get(metric)
+    return float(value) if isinstance(value, int | float) else math.nan
 
 
 def _budget_metrics() -> list[Metric]:

@@ -77,6 +77,9 @@ class Run:
     layouts: dict[str, dict] = field(default_factory=dict)  # arm -> waste and truncation on the run's data
     composition: dict = field(default_factory=dict)  # run.json's composition audit (data/audit.py)
     floors: dict = field(default_factory=dict)  # run.json's floors (data/floors.py): unigram, bigram
+    downstream: dict = field(
+        default_factory=dict
+    )  # run.json's `pretrain lm-eval` metrics: task -> metric -> value
 
     @property
     def arm(self) -> str:
@@ -157,7 +160,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
 
 def _run_json_entry(run_dir: Path, key: str) -> dict:
     """run.json's `key` entry (the `composition` audit of data/audit.py, the `floors` of
-    data/floors.py); {} for a run without one (unfinished, older)."""
+    data/floors.py, `pretrain lm-eval`'s `downstream`); {} for a run without one (unfinished, older)."""
     try:
         return dict(read_summary(run_dir).get(key) or {})
     except (OSError, ValueError, AttributeError, TypeError):
@@ -196,6 +199,7 @@ def load_run(run_dir: Path) -> Run:
         by_step=by_step,
         composition=_run_json_entry(run_dir, "composition"),
         floors=_run_json_entry(run_dir, "floors"),
+        downstream=_run_json_entry(run_dir, "downstream"),
     )
 
 
