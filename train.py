@@ -46,7 +46,12 @@ def run() -> None:
         from pretrain.training.run import train
 
         with exit_on_user_error():
-            summary = train(checked_config(cfg), plot_run=plot_run)
+            checked = checked_config(cfg)
+            summary = train(checked, plot_run=plot_run)
+            if not summary["exit_code"]:  # eval.downstream: pretrain lm-eval on last.ckpt (rank 0)
+                from pretrain.downstream.after_training import evaluate_after_training
+
+                evaluate_after_training(checked, summary)
         if summary[
             "exit_code"
         ]:  # stopped by a signal: 128 + its number (143 SIGTERM, 138 SIGUSR1, 130 Ctrl-C)

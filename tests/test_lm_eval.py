@@ -121,3 +121,38 @@ def test_a_hub_task_offline_is_one_line(trained, cache_root):
     assert "choose the offline pretrain_cloze, pretrain_recall, pretrain_bpb" in proc.stderr
     unknown = pretrain_cli(cache_root, "lm-eval", str(trained), "--tasks", "pretrain_bpb,no_such_task")
     assert unknown.returncode == 2 and "--tasks no_such_task: no such lm-eval task" in unknown.stderr
+
+
+def train_py(cache_root: Path, *overrides: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "train.py", *overrides]
+    return subprocess.run(
+        command, cwd=REPO, env=cli_env(cache_root), capture_output=True, text=True, timeout=600
+    )
+
+
+def test_eval_downstream_scores_the_finished_run_into_its_run_json(cache_root, tmp_path):
+    run = tmp_path / "run"
+    tasks = "eval.downstream=[pretrain_cloze,pretrain_recall]"
+    proc = train_py(
+        cache_root,
+        "experiment=try",
+        "data=bestfit",
+        tasks,
+        "eval.downstream_limit=30",
+        f"hydra.run.dir={run}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run / "run.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["downstream"]["pretrain_recall"]["examples"] == 30
+    assert summary["downstream_source"]["checkpoint"]["path"] == str(run / "checkpoints" / "last.ckpt")
+    assert summary["downstream_source"]["limit"] == 30
+    assert "downstream: pretrain_recall: acc" in proc.stdout and "paired examples" in proc.stdout
+    refused = train_py(
+        cache_root, "experiment=try", "eval.downstream=[no_such_task]", f"hydra.run.dir={tmp_path / 'x'}"
+    )
+    assert (
+        refused.returncode == 2
+        and "eval.downstream entry no_such_task: no such lm-eval task" in refused.stderr
+    )
+    assert not (tmp_path / "x" / "checkpoints").exists()  # refused before training

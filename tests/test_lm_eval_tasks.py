@@ -221,3 +221,64 @@ def test_an_export_cannot_run_the_projects_tasks(tmp_path):
     with pytest.raises(ConfigError, match="names no task"):
         parse_tasks(" , ")
     assert parse_tasks("a,b,a") == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("eval.downstream=['']", r"eval.downstream=\[''\]: every entry must be a task name"),
+        ("eval.downstream_limit=0", r"eval.downstream_limit=0 must be >= 1"),
+    ],
+)
+def test_bad_downstream_settings_are_refused(override, message):
+    from helpers import compose
+
+    from pretrain.config import to_config
+
+    with pytest.raises(ConfigError, match=message):
+        to_config(compose(override))
+
+
+def test_downstream_is_checked_at_launch(monkeypatch):
+    """Hours of training never end in "not installed" or "a mixture has no single validation split"."""
+    import importlib.util
+
+    from helpers import compose
+
+    from pretrain.config import to_config
+    from pretrain.downstream.after_training import check_downstream
+
+    config = to_config(compose("eval.downstream=[pretrain_cloze,pretrain_recall]"))
+    check_downstream(config)  # installed, one source: fine
+    mixed = to_config(compose("mixture=pydocs_repo", "eval.downstream=[pretrain_recall]"))
+    with pytest.raises(ConfigError, match="this run mixes sources; keep only the harness's own tasks"):
+        check_downstream(mixed)
+    check_downstream(to_config(compose("mixture=pydocs_repo")))  # nothing asked: nothing checked
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"needs lm-evaluation-harness \(lm-eval\), which is not installed"):
+        check_downstream(config)
+
+
+def test_the_summary_lines_say_the_paired_recall_difference_with_its_interval():
+    from pretrain.downstream.after_training import summary_lines
+
+    metrics = {
+        CLOZE: {"acc": 0.25, "acc_stderr": 0.01, "perplexity": 41.5},
+        RECALL_PLAIN: {"acc": 0.5},
+        RECALL: {
+            "examples": 120.0,
+            "acc": 0.5,
+            "acc_distractor": 0.375,
+            "loglikelihood_difference": -0.125,
+            "loglikelihood_difference_low": -0.25,
+            "loglikelihood_difference_high": 0.0,
+        },
+    }
+    assert summary_lines(metrics) == [
+        f"{CLOZE}: acc 0.25, perplexity 41.5",
+        f"{RECALL}: acc 0.5000, with a distractor 0.3750; answer log-likelihood difference -0.1250 "
+        "[-0.2500, +0.0000] over 120 paired examples",
+    ]

@@ -194,8 +194,14 @@ class EvalConfig:
     context: list[int] = field(default_factory=lambda: [1, 16, 128])
     """context use: the validation targets scored again with their context cut to blocks of k tokens of
     their own document (positions from 0), for each k here below data.max_seq_len; `[]`: off"""
+    downstream: list[str] = field(default_factory=list)
+    """`pretrain lm-eval` tasks scored on last.ckpt when training completes (rank 0; into run.json's
+    `downstream`, docs/evaluation.md), e.g. [pretrain_cloze,pretrain_recall]; `[]`: none"""
+    downstream_limit: int | None = None
+    """at most this many examples per downstream task; null: every example written (up to 1,000)"""
 
     def __post_init__(self) -> None:
+        self._check_downstream()
         if not _is_set(self.context):
             return
         bad = [k for k in self.context if isinstance(k, bool) or not isinstance(k, int) or k < 1]
@@ -204,6 +210,17 @@ class EvalConfig:
                 f"eval.context={list(self.context)!r}: every context length must be an integer >= 1 "
                 "(e.g. eval.context=[1,16,128]; eval.context=[] turns context scoring off)"
             )
+
+    def _check_downstream(self) -> None:
+        if _is_set(self.downstream):
+            bad = [name for name in self.downstream if not isinstance(name, str) or not name.strip()]
+            if bad:
+                raise ConfigError(
+                    f"eval.downstream={list(self.downstream)!r}: every entry must be a task name, e.g. "
+                    "eval.downstream=[pretrain_cloze,pretrain_recall] (eval.downstream=[] for none)"
+                )
+        if _is_set(self.downstream_limit):
+            _at_least("eval.downstream_limit", self.downstream_limit, 1)
 
 
 @dataclass

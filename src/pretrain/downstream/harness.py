@@ -35,7 +35,7 @@ def own_tasks(names: Sequence[str]) -> list[str]:
     return [name for name in names if name in TASKS]
 
 
-def task_manager(tasks_dir: Path | None, names: Sequence[str]):
+def task_manager(tasks_dir: Path | None, names: Sequence[str], option: str = "--tasks"):
     """The harness's task registry: the project's folder, and the harness's own tasks only when a
     name needs them (indexing its thousands of YAMLs costs seconds)."""
     from lm_eval.tasks import TaskManager
@@ -45,7 +45,7 @@ def task_manager(tasks_dir: Path | None, names: Sequence[str]):
     unknown = [name for name in hub if name not in manager.all_tasks]
     if unknown:
         raise ConfigError(
-            f"--tasks {','.join(unknown)}: no such lm-eval task; choose the project's "
+            f"{option} {','.join(unknown)}: no such lm-eval task; choose the project's "
             f"{', '.join(TASKS)} or a task `lm_eval ls tasks` lists"
         )
     return manager
@@ -105,6 +105,7 @@ class _DropMessages(logging.Filter):
 
 
 def _quiet_harness() -> None:
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its INFO lines, under Hydra's root logger
     logger = logging.getLogger("lm_eval.api.task")
     if not any(isinstance(f, _DropMessages) for f in logger.filters):
         logger.addFilter(_DropMessages())
