@@ -303,3 +303,25 @@ def test_the_wandb_logger_starts_without_the_anonymous_setting_warning(tmp_path,
         logger.experiment.finish()
     captured = capfd.readouterr()
     assert "anonymous" not in captured.out + captured.err
+
+
+def test_lm_eval_scores_join_the_training_runs_own_wandb_summary(sweep, monkeypatch, tmp_path):
+    """`pretrain lm-eval` resumes the training run by its id: its summary gains downstream/<task>/<metric>."""
+    import shutil
+
+    from pretrain.downstream.wandb_record import log_downstream, wandb_run_id
+
+    trained = _run(sweep, "concat")
+    run_dir = tmp_path / "concat"  # a copy: the other tests read the sweep's one offline run per folder
+    shutil.copytree(sweep / "sweep" / "concat", run_dir, ignore=shutil.ignore_patterns("checkpoints"))
+    assert wandb_run_id(run_dir) == trained.runs[0].run_id
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    metrics = {"pretrain_recall": {"acc": 0.25, "loglikelihood_difference": -0.5, "bad": math.nan}}
+    where = Path(log_downstream(run_dir, metrics))
+    assert where.parent == run_dir / "wandb" and where.name.endswith(trained.runs[0].run_id)
+    scored = OfflineRun(finished_run_file(where))
+    assert scored.runs[0].run_id == trained.runs[0].run_id
+    assert scored.summary["downstream/pretrain_recall/acc"] == 0.25
+    assert scored.summary["downstream/pretrain_recall/loglikelihood_difference"] == -0.5
+    assert "downstream/pretrain_recall/bad" not in scored.summary  # nan is no score
+    assert log_downstream(sweep / "cmp", metrics) is None  # not a training run's directory

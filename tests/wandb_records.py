@@ -75,8 +75,11 @@ def read_records(path: Path) -> list[pb.Record]:
 
 
 def run_file(directory: Path) -> Path:
-    """The one offline run's .wandb file under `directory` (a run's save_dir or its wandb/ folder)."""
-    found = sorted(Path(directory).rglob("offline-run-*/run-*.wandb"))
+    """The one offline run's .wandb file under `directory` (a run's save_dir, its wandb/ folder, or
+    the offline-run folder itself)."""
+    directory = Path(directory)
+    pattern = "run-*.wandb" if directory.name.startswith("offline-run-") else "offline-run-*/run-*.wandb"
+    found = sorted(directory.rglob(pattern))
     if len(found) != 1:
         raise AssertionError(f"expected one offline W&B run under {directory}, found {found}")
     return found[0]

@@ -301,6 +301,8 @@ def cmd_lm_eval(args: argparse.Namespace) -> int:
     Console().print(table)
     if result.get("run_json"):
         print(f"recorded in {result['run_json']} (downstream)")
+    if result.get("wandb"):
+        print(f"and in the run's W&B summary (downstream/...): {result['wandb']}")
     if path is not None:
         _write_output(path, json.dumps(result, indent=2, default=str) + "\n")
         print(path)

@@ -106,6 +106,10 @@ def run_lm_eval(request: LmEvalRequest) -> dict:
     }
     if not exported:
         result["run_json"] = record_in_run(path, result)
+    if result.get("run_json"):
+        from .wandb_record import log_downstream
+
+        result["wandb"] = log_downstream(Path(result["run_json"]).parent, metrics)
     return result
 
 
