@@ -156,3 +156,32 @@ def test_eval_downstream_scores_the_finished_run_into_its_run_json(cache_root, t
         and "eval.downstream entry no_such_task: no such lm-eval task" in refused.stderr
     )
     assert not (tmp_path / "x" / "checkpoints").exists()  # refused before training
+
+
+def test_an_export_scores_the_same_examples_from_a_written_task_folder(trained, cache_root, tmp_path):
+    """Any model (here the checkpoint's own export) scores a run's written tasks: the same scores."""
+    tasks, limit = ("--tasks", "pretrain_cloze"), ("--limit", "40")
+    folder = ("--tasks-dir", str(tmp_path / "tasks"))
+    first = pretrain_cli(
+        cache_root, "lm-eval", str(trained), *tasks, *limit, *folder, "--output", str(tmp_path / "a.json")
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    exported = pretrain_cli(cache_root, "export", str(trained), "--output", str(tmp_path / "hf"))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    again = pretrain_cli(
+        cache_root,
+        "lm-eval",
+        str(tmp_path / "hf"),
+        *tasks,
+        *limit,
+        *folder,
+        "--output",
+        str(tmp_path / "b.json"),
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
+    assert b["checkpoint"] == {"export": str((tmp_path / "hf").resolve())} and "run_json" not in b
+    assert b["downstream"]["pretrain_cloze"]["perplexity"] == pytest.approx(
+        a["downstream"]["pretrain_cloze"]["perplexity"], rel=1e-9
+    )
+    assert b["downstream"]["pretrain_cloze"]["acc"] == a["downstream"]["pretrain_cloze"]["acc"]

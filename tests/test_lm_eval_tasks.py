@@ -212,12 +212,14 @@ def test_bad_counts_are_refused_before_any_work(options, message, tmp_path):
         run_lm_eval(LmEvalRequest(str(tmp_path / "missing.ckpt"), (CLOZE,), **options))
 
 
-def test_an_export_cannot_run_the_projects_tasks(tmp_path):
+def test_an_export_runs_the_projects_tasks_only_from_a_written_folder(tmp_path):
     from pretrain.downstream.command import LmEvalRequest, parse_tasks, run_lm_eval
 
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(ConfigError, match="pretrain_recall read the checkpoint's validation split"):
+    with pytest.raises(ConfigError, match="pretrain_recall are written from a checkpoint's validation split"):
         run_lm_eval(LmEvalRequest(str(tmp_path), parse_tasks(f"{RECALL}, hellaswag")))
+    with pytest.raises(ConfigError, match=f"--tasks-dir {tmp_path} has no pretrain_recall"):
+        run_lm_eval(LmEvalRequest(str(tmp_path), (RECALL,), tasks_dir=tmp_path))
     with pytest.raises(ConfigError, match="names no task"):
         parse_tasks(" , ")
     assert parse_tasks("a,b,a") == ("a", "b")

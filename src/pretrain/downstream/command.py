@@ -6,8 +6,9 @@ and the harness runs them, and any of its own tasks, on the export. The result n
 checkpoint (path, step, sha256, model, policy), and goes into its run's run.json as
 `downstream.<task>.<metric>` (with `downstream_source`), where `pretrain compare` reads it.
 
-An exported directory (a folder with config.json) is run as it is: only the harness's own tasks
-then, since the project's need the checkpoint's cache.
+An exported directory (a folder with config.json) is run as it is: on the harness's own tasks, or on
+the project's from a folder an earlier `pretrain lm-eval CKPT --tasks-dir DIR` wrote (any model,
+a public GPT-2 among them, then scores the same examples as that run).
 """
 
 from __future__ import annotations
@@ -62,29 +63,25 @@ def run_lm_eval(request: LmEvalRequest) -> dict:
     version = lm_eval_version()  # before minutes of work: is it installed at all
     _check_counts(request)
     path = Path(request.checkpoint)
-    ours = own_tasks(request.tasks)
     exported = _is_export(path)
-    if exported and ours:
-        raise ConfigError(
-            f"{', '.join(ours)} read the checkpoint's validation split: give the .ckpt the export "
-            f"{path} was made from, or only the harness's own tasks"
-        )
     files: TaskFiles | None = None
     with tempfile.TemporaryDirectory(prefix="pretrain-lm-eval-") as scratch:
         if exported:
             model_dir, identity, max_length = path, {"export": str(path.resolve())}, None
+            include = _written_tasks(request, path)
         else:
             from ..hf import export
 
             checkpoint, config = _load(path)
             identity = _identity(path, checkpoint, config)
             max_length = int(config.data.max_seq_len)
-            if ours:
+            if own_tasks(request.tasks):
                 source = _task_source(checkpoint, config, request.seed)
                 files = write_task_files(
                     request.tasks_dir or Path(scratch) / "tasks", source, request.examples
                 )
-        manager = task_manager(files.directory if files else None, request.tasks)  # names checked early
+            include = files.directory if files else None
+        manager = task_manager(include, request.tasks)  # unknown names: one line before the export
         if not exported:
             model_dir = export(path, Path(scratch) / "export")
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -111,6 +108,24 @@ def run_lm_eval(request: LmEvalRequest) -> dict:
 
         result["wandb"] = log_downstream(Path(result["run_json"]).parent, metrics)
     return result
+
+
+def _written_tasks(request: LmEvalRequest, export_dir: Path) -> Path | None:
+    """For an export: the folder of project tasks written earlier (`--tasks-dir` of a checkpoint's
+    run), which scores any model on the same examples; None when only the harness's tasks are asked."""
+    ours = own_tasks(request.tasks)
+    if not ours:
+        return request.tasks_dir
+    folder = request.tasks_dir
+    missing = [task for task in ours if folder is None or not (folder / f"{task}.yaml").is_file()]
+    if missing:
+        where = f"--tasks-dir {folder} has no {', '.join(missing)}" if folder else "no --tasks-dir given"
+        raise ConfigError(
+            f"{', '.join(ours)} are written from a checkpoint's validation split ({where}): give the "
+            f".ckpt the export {export_dir} was made from, or the --tasks-dir a checkpoint's "
+            "`pretrain lm-eval --tasks-dir DIR` wrote, or only the harness's own tasks"
+        )
+    return folder
 
 
 def _load(path: Path):
