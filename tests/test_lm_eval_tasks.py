@@ -284,3 +284,24 @@ def test_the_summary_lines_say_the_paired_recall_difference_with_its_interval():
         f"{RECALL}: acc 0.5000, with a distractor 0.3750; answer log-likelihood difference -0.1250 "
         "[-0.2500, +0.0000] over 120 paired examples",
     ]
+
+
+def test_the_harness_runs_as_one_process_after_a_launcher(monkeypatch):
+    """Rank 0 of a DDP / srun / torchrun job scores alone: accelerate must not see the launcher's
+    variables (it would wait for ranks that exited); they are back afterwards."""
+    from pretrain.downstream.harness import LAUNCHER_VARIABLES, one_process
+
+    job = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "8", "MASTER_ADDR": "node1", "PMI_SIZE": "8"}
+    for name, value in job.items():
+        monkeypatch.setenv(name, value)
+    with one_process():
+        import os
+
+        assert not any(name in os.environ for name in LAUNCHER_VARIABLES)
+        from accelerate import PartialState
+
+        try:
+            assert PartialState().num_processes == 1 and PartialState().distributed_type.value == "NO"
+        finally:
+            PartialState._reset_state()  # a singleton: the next user builds its own
+    assert {name: os.environ[name] for name in job} == job

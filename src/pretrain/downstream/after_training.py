@@ -59,6 +59,7 @@ def evaluate_after_training(checked, summary: dict) -> dict | None:
 
     command = f"pretrain lm-eval {checkpoint} --tasks {','.join(tasks)}"
     print(f"downstream: {command}", flush=True)
+    _leave_process_group()
     try:
         with sigterm_unwinds():  # preempted while scoring: its temporary files go, the run stays complete
             result = run_lm_eval(LmEvalRequest(str(checkpoint), tasks, limit=config.eval.downstream_limit))
@@ -72,6 +73,15 @@ def evaluate_after_training(checked, summary: dict) -> dict | None:
     if result.get("run_json"):
         print(f"downstream: recorded in {result['run_json']}")
     return result
+
+
+def _leave_process_group() -> None:
+    """Rank 0 scores alone after the other ranks exited: the training's process group (if Lightning
+    left it up) is let go here, so nothing in the harness waits on it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _config(checked) -> Config:

@@ -69,7 +69,7 @@ def run_harness(
     transformers.logging.set_verbosity_error()  # "longer than the maximum": the harness cuts it itself
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # its "bootstrapping for stddev" prints
+        with contextlib.redirect_stdout(io.StringIO()), one_process():  # its "bootstrapping" prints
             return lm_eval.simple_evaluate(
                 model="hf",
                 model_args={
@@ -95,6 +95,26 @@ def run_harness(
             f"{str(error).splitlines()[0][:160]}): hub tasks need the Hugging Face hub; run them where "
             f"the network is, or choose the offline {', '.join(TASKS)}"
         ) from None
+
+
+LAUNCHER_VARIABLES = (
+    *("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"),
+    *("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    "MV2_COMM_WORLD_SIZE",
+)
+"""What a launcher (torchrun, srun, Lightning's DDP) leaves in the environment of rank 0: accelerate,
+which the harness's hf model starts, would read them as a multi-process job and wait for ranks that
+have already exited."""
+
+
+@contextlib.contextmanager
+def one_process():
+    """The harness runs as one process: the launcher's variables hidden while it runs, then restored."""
+    saved = {name: os.environ.pop(name) for name in LAUNCHER_VARIABLES if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 class _DropMessages(logging.Filter):
