@@ -305,3 +305,19 @@ def test_the_harness_runs_as_one_process_after_a_launcher(monkeypatch):
         finally:
             PartialState._reset_state()  # a singleton: the next user builds its own
     assert {name: os.environ[name] for name in job} == job
+
+
+def test_runs_that_differ_only_in_their_downstream_tasks_are_one_arm(tmp_path):
+    from pretrain.report.arms import swept_keys
+    from pretrain.training.run_record import Run
+
+    def run(name: str, downstream: list[str], limit: int | None, lr: float = 1e-3) -> Run:
+        config = {
+            "data": {"policy": "bestfit"},
+            "train": {"lr": lr},
+            "eval": {"downstream": downstream, "downstream_limit": limit},
+        }
+        return Run(tmp_path / name, name, "bestfit", 128, 4, {}, config=config)
+
+    assert swept_keys([run("a", [], None), run("b", [CLOZE, RECALL], 50)]) == []
+    assert swept_keys([run("a", [], None), run("b", [CLOZE], 50, lr=2e-3)]) == ["train.lr"]

@@ -33,6 +33,7 @@ NOT_SWEPT = (
     "arm_name",
     "progress_bar",
     "record_batches",
+    "eval.downstream",  # and eval.downstream_limit: what is scored after training, not what is trained
     "logger.",
     "hydra.",
 )
