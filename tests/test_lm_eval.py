@@ -6,6 +6,7 @@ run.json and `pretrain compare`."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,11 @@ def test_cloze_and_recall_run_offline_into_the_json_run_json_and_compare(trained
         cache_root, "compare", str(trained.parent.parent), "--output", str(tmp_path / "c.png")
     )
     assert report.returncode == 0, report.stderr[-3000:]
+    assert re.search(r"downstream \(pretrain lm-eval\): \d+ score\(s\) per arm in compare.md", report.stdout)
+    assert (
+        f"recall, distractor - plain (log-lik.): bestfit {recall['loglikelihood_difference']:+.4f}"
+        in report.stdout
+    )
     table = json.loads((tmp_path / "c.json").read_text())
     (arm,) = table["arms"]
     means = arm["means"]

@@ -146,6 +146,35 @@ def _context_lines(table: ArmTable, shown: int = 4) -> list[str]:
     return [f"context gain (previous token alone - val loss, nats): {gains}{more}{verdict}"]
 
 
+DOWNSTREAM_SHOWN = {
+    "downstream.pretrain_cloze.acc": ("cloze accuracy", "{:.4f}"),
+    "downstream.pretrain_recall.loglikelihood_difference": (
+        "recall, distractor - plain (log-lik.)",
+        "{:+.4f}",
+    ),
+}
+"""The downstream scores named on screen (per arm); every one is a section of compare.md."""
+
+
+def _downstream_lines(table: ArmTable, shown: int = 4) -> list[str]:
+    """`pretrain lm-eval`'s scores, when the runs' run.json have them: how many sections, and the
+    arms' means of the two that speak to composition."""
+    sections = [s for s in table.sections if s.metric.key.startswith("downstream.")]
+    if not sections:
+        return []
+    lines = [
+        f"downstream (pretrain lm-eval): {len(sections)} score(s) per arm in compare.md, paired as val loss"
+    ]
+    for section in sections:
+        if section.metric.key not in DOWNSTREAM_SHOWN or not section.rows:
+            continue
+        name, fmt = DOWNSTREAM_SHOWN[section.metric.key]
+        means = ", ".join(f"{row.arm.label} {fmt.format(row.summary.mean)}" for row in section.rows[:shown])
+        more = f", {len(section.rows) - shown} more" if len(section.rows) > shown else ""
+        lines.append(f"  {name}: {means}{more}")
+    return lines
+
+
 def summary_lines(
     runs: list[Run], arms: list[Arm], table: ArmTable, contrasts: ContrastTable | None, files: list[Path]
 ) -> list[str]:
@@ -168,6 +197,7 @@ def summary_lines(
             "there; train longer (compare.md, floors)"
         )
     lines += _context_lines(table)
+    lines += _downstream_lines(table)
     if table.contended:
         lines.append(
             f"UNRELIABLE times: {len(table.contended)} run(s) shared the machine with other work "
