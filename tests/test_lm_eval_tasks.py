@@ -321,3 +321,23 @@ def test_runs_that_differ_only_in_their_downstream_tasks_are_one_arm(tmp_path):
 
     assert swept_keys([run("a", [], None), run("b", [CLOZE, RECALL], 50)]) == []
     assert swept_keys([run("a", [], None), run("b", [CLOZE], 50, lr=2e-3)]) == ["train.lr"]
+
+
+def test_accuracy_stderr_comes_from_the_samples_without_a_bootstrap():
+    """The harness's bootstrap forks a process pool (which can deadlock after torch's threads): it is
+    off, and the standard error of a mean metric is sd / sqrt(n) over the logged samples."""
+    from statistics import stdev
+
+    from pretrain.downstream.harness import sample_stderrs
+
+    hits = [1, 0, 0, 1, 1, 0, 1, 1]
+    output = {
+        "results": {CLOZE: {"acc,none": 0.625, "acc_stderr,none": "N/A", "perplexity,none": 9.0}},
+        "samples": {CLOZE: [{"doc_id": i, "acc": float(h), "perplexity": -1.5} for i, h in enumerate(hits)]},
+    }
+    assert sample_stderrs(output) == {CLOZE: {"acc_stderr": pytest.approx(stdev(hits) / math.sqrt(8))}}
+    assert downstream_metrics(output)[CLOZE] == {
+        "acc": 0.625,
+        "perplexity": 9.0,
+        "acc_stderr": pytest.approx(stdev(hits) / math.sqrt(8)),
+    }

@@ -84,7 +84,9 @@ def run_harness(
                 batch_size=batch_size,
                 device=device,
                 log_samples=True,
-                bootstrap_iters=1000,
+                # no bootstrap: it forks a multiprocessing pool from a process with torch's threads,
+                # which deadlocked a sweep's job; standard errors come from the samples (sample_stderrs)
+                bootstrap_iters=0,
             )
     except (ConnectionError, OSError) as error:
         hub = [name for name in names if name not in TASKS]
@@ -175,10 +177,27 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def sample_stderrs(output: dict) -> dict[str, dict[str, float]]:
+    """`{task: {"acc_stderr": se}}`: the standard error of each per-example mean metric (accuracy), sd /
+    sqrt(n) over the logged samples, as the harness's closed form would give it."""
+    from statistics import stdev
+
+    out: dict[str, dict[str, float]] = {}
+    for task, samples in output.get("samples", {}).items():
+        for metric in ("acc", "acc_norm"):
+            values = [float(s[metric]) for s in samples if isinstance(s.get(metric), int | float)]
+            if len(values) > 1:
+                out.setdefault(task, {})[f"{metric}_stderr"] = stdev(values) / math.sqrt(len(values))
+    return out
+
+
 def downstream_metrics(output: dict) -> dict[str, dict[str, float]]:
-    """What run.json's `downstream` holds: the harness's flat results, with pretrain_recall's entry
-    holding the paired contrast of its two variants."""
+    """What run.json's `downstream` holds: the harness's flat results (with the stderrs of mean
+    metrics from the samples), pretrain_recall's entry holding the paired contrast of its variants."""
     flat = flat_results(output)
+    for task, stderrs in sample_stderrs(output).items():
+        if task in flat:
+            flat[task].update(stderrs)
     if RECALL_PLAIN in flat or RECALL_DISTRACTOR in flat:
         flat[RECALL] = recall_contrast(output.get("samples", {}))
     if BPB in flat:
