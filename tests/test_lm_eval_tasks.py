@@ -21,6 +21,7 @@ from pretrain.downstream.task_files import (
     BPB,
     CLOZE,
     CUE_WORDS,
+    FUNCTION_WORDS,
     RECALL,
     RECALL_DISTRACTOR,
     RECALL_PLAIN,
@@ -88,6 +89,7 @@ def test_a_cloze_example_is_a_passage_and_its_next_word(source, written):
         assert row["context"] + row["continuation"] in text  # the passage and its word, as written
         word = row["continuation"]
         assert word.startswith(" ") and word[1:].isalpha() and len(word) >= 4
+        assert word[1:].lower() not in FUNCTION_WORDS  # a context-free guess would get it
         assert len(row["context"].split()) >= 16
         assert len(encode(row["context"] + word, add_special_tokens=False).ids) <= MAX_SEQ_LEN
 
@@ -101,6 +103,7 @@ def test_a_recall_answer_is_what_followed_its_cue_in_the_same_passage(source, wr
         passage, cue = one["context"].rsplit("\n", 1)
         assert len(cue.split()) == CUE_WORDS and passage.count(cue) == 1
         assert passage.index(cue + one["continuation"]) >= 0  # the answer followed the cue there
+        assert one["continuation"][1:].lower() not in FUNCTION_WORDS
         assert passage in _text(source, one["document"])
         # the same prompt and answer, after another document's passage and the EOS
         assert two["document"] == one["document"] and two["continuation"] == one["continuation"]

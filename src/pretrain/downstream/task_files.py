@@ -37,6 +37,13 @@ TASKS = (CLOZE, RECALL, BPB)
 MIN_CONTEXT_WORDS = 16  # a cloze target has at least this many words of passage before it
 CUE_WORDS = 3  # the recall prompt copies this many words; their next word is the answer
 RECALL_GAP_WORDS = 8  # the copied span ends at least this many words before the passage does
+FUNCTION_WORDS = frozenset(
+    "the and for with that this from into onto over than then they them their there these those what "
+    "when where which while will would your you are was were has have had not but can may might must "
+    "shall should could its our his her him she who whom whose also only just been being such very "
+    "each some any all both other more most".split()
+)
+"""Not targets: words a context-free guess gets right (LAMBADA's targets are content words too)."""
 _WORDS = re.compile(r"\S+")
 _CLOZE_WORD = re.compile(r"([A-Za-z]{3,})[.,;:!?\"')\]]*")  # the word, without its closing punctuation
 _RECALL_WORD = re.compile(r"([A-Za-z]{4,})[.,;:!?\"')\]]*")
@@ -102,8 +109,8 @@ def _windows(source: TaskSource, text: str, budget: int) -> list[tuple[int, int]
 
 def _cloze_examples(source: TaskSource, rng: np.random.Generator, count: int) -> list[dict]:
     """One example per passage: its last clean word (letters only after closing punctuation, one
-    space before it, at least MIN_CONTEXT_WORDS words in) as the target, the passage before it as
-    the context."""
+    space before it, at least MIN_CONTEXT_WORDS words in, not a FUNCTION_WORD) as the target, the
+    passage before it as the context."""
     examples: list[dict | None] = []
     for index in range(len(source.split)):
         if len(examples) >= count:  # the first documents suffice: bounded work on a large split
@@ -115,6 +122,8 @@ def _cloze_examples(source: TaskSource, rng: np.random.Generator, count: int) ->
         for number, (first, last) in enumerate(_windows(source, text, source.max_seq_len - 8)):
             for j in range(last, first + MIN_CONTEXT_WORDS - 1, -1):
                 found = _CLOZE_WORD.fullmatch(words[j].group())
+                if found and found.group(1).lower() in FUNCTION_WORDS:
+                    continue
                 if found and text[words[j].start() - 1] == " " and words[j - 1].end() == words[j].start() - 1:
                     context = text[words[first].start() : words[j].start() - 1]
                     examples.append(_example(source, index, number, context, " " + found.group(1)))
@@ -140,13 +149,14 @@ def _document_id(split: TokenSplit, index: int) -> str:
 
 def _recall_candidates(text: str, words: list[re.Match], first: int, last: int) -> list[int]:
     """Word indices i in the passage whose words i..i+2 are copied and word i+3 is the answer: a
-    clean word of 4+ letters one space after the cue, the cue on one line and unique in the passage, at least
-    RECALL_GAP_WORDS words between the answer and the passage's end."""
+    clean word of 4+ letters (not a FUNCTION_WORD) one space after the cue, the cue on one line and
+    unique in the passage, at least RECALL_GAP_WORDS words between the answer and the passage's end."""
     passage = text[words[first].start() : words[last].end()]
     found = []
     for i in range(first, last - CUE_WORDS - RECALL_GAP_WORDS + 1):
         answer = words[i + CUE_WORDS]
-        if not _RECALL_WORD.fullmatch(answer.group()):
+        word = _RECALL_WORD.fullmatch(answer.group())
+        if not word or word.group(1).lower() in FUNCTION_WORDS:
             continue
         if text[words[i + CUE_WORDS - 1].end() : answer.start()] != " ":
             continue
