@@ -344,3 +344,20 @@ def test_accuracy_stderr_comes_from_the_samples_without_a_bootstrap():
         "perplexity": 9.0,
         "acc_stderr": pytest.approx(stdev(hits) / math.sqrt(8)),
     }
+
+
+def test_the_launch_check_imports_nothing_of_the_harness_without_downstream_tasks():
+    """check_downstream runs at every launch: without eval.downstream it costs no import."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from pretrain.config import load_config, to_config\n"
+        "from pretrain.downstream.after_training import check_downstream\n"
+        "check_downstream(to_config(load_config(['experiment=smoke'])))\n"
+        "heavy = ('lm_eval', 'transformers', 'tokenizers', 'pretrain.downstream.harness')\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -15,10 +15,9 @@ import math
 
 from ..config import Config
 from ..errors import ConfigError
-from .harness import INSTALL_HINT, own_tasks
-from .task_files import RECALL, RECALL_DISTRACTOR, RECALL_PLAIN
 
-RECALL_VARIANTS = (RECALL_PLAIN, RECALL_DISTRACTOR)
+# Imported at every launch (launch_checks.check_job): the harness and the task writer (numpy,
+# tokenizers, the chunker) only once eval.downstream names a task.
 
 
 def check_downstream(config: Config) -> None:
@@ -26,6 +25,8 @@ def check_downstream(config: Config) -> None:
     tasks = list(config.eval.downstream or [])
     if not tasks:
         return
+    from .harness import INSTALL_HINT, own_tasks
+
     if importlib.util.find_spec("lm_eval") is None:
         raise ConfigError(
             f"eval.downstream={tasks} needs lm-evaluation-harness (lm-eval), which is not installed: "
@@ -101,9 +102,13 @@ def _number(value: float) -> str:
 
 def summary_lines(metrics: dict[str, dict[str, float]]) -> list[str]:
     """One line per task: its scores (recall: the distractor's paired difference and 95% interval)."""
+    from .task_files import RECALL, RECALL_DISTRACTOR, RECALL_PLAIN
+
     lines = []
     for task, values in metrics.items():
-        if task in RECALL_VARIANTS and RECALL in metrics:  # summed up in pretrain_recall's line
+        if (
+            task in (RECALL_PLAIN, RECALL_DISTRACTOR) and RECALL in metrics
+        ):  # summed up in pretrain_recall's line
             continue
         if task == RECALL:
             low, high = (
