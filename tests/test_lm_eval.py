@@ -84,6 +84,7 @@ def test_cloze_and_recall_run_offline_into_the_json_run_json_and_compare(trained
         "pretrain_cloze",
         "pretrain_recall_plain",
         "pretrain_recall_distractor",
+        "pretrain_recall_cue_only",
         "pretrain_recall",
     }
     recall = metrics["pretrain_recall"]
@@ -93,6 +94,8 @@ def test_cloze_and_recall_run_offline_into_the_json_run_json_and_compare(trained
         <= recall["loglikelihood_difference"]
         <= recall["loglikelihood_difference_high"]
     )
+    gain = recall["loglikelihood"] - recall["loglikelihood_cue_only"]  # plain - cue only, paired
+    assert recall["loglikelihood_passage_gain"] == pytest.approx(gain)
     assert recall["loglikelihood"] < 0 and 0 <= metrics["pretrain_cloze"]["acc"] <= 1
     assert metrics["pretrain_cloze"]["perplexity"] > 1
     run_json = json.loads((trained.parent.parent / "run.json").read_text())

@@ -23,6 +23,7 @@ from pretrain.downstream.task_files import (
     CUE_WORDS,
     FUNCTION_WORDS,
     RECALL,
+    RECALL_CUE_ONLY,
     RECALL_DISTRACTOR,
     RECALL_PLAIN,
     TaskSource,
@@ -53,7 +54,7 @@ def written(source, tmp_path_factory):
     files = write_task_files(tmp_path_factory.mktemp("tasks"), source, count=200)
     rows = {
         task: [json.loads(line) for line in (files.directory / f"{task}.jsonl").read_text().splitlines()]
-        for task in (CLOZE, RECALL_PLAIN, RECALL_DISTRACTOR, BPB)
+        for task in (CLOZE, RECALL_PLAIN, RECALL_DISTRACTOR, RECALL_CUE_ONLY, BPB)
     }
     return files, rows
 
@@ -68,7 +69,9 @@ def test_task_files_are_the_same_bytes_for_one_seed_and_differ_for_another(sourc
     second = write_task_files(tmp_path / "b", source, count=200)
     names = sorted(p.name for p in first.directory.iterdir())
     assert names == sorted(p.name for p in second.directory.iterdir())
-    assert {f"{t}.yaml" for t in (CLOZE, RECALL, RECALL_PLAIN, RECALL_DISTRACTOR, BPB)} <= set(names)
+    assert {
+        f"{t}.yaml" for t in (CLOZE, RECALL, RECALL_PLAIN, RECALL_DISTRACTOR, RECALL_CUE_ONLY, BPB)
+    } <= set(names)
     for name in names:
         assert (first.directory / name).read_bytes() == (second.directory / name).read_bytes(), name
     other = write_task_files(tmp_path / "c", source.__class__(**{**source.__dict__, "seed": 4}), count=200)
@@ -96,10 +99,10 @@ def test_a_cloze_example_is_a_passage_and_its_next_word(source, written):
 
 def test_a_recall_answer_is_what_followed_its_cue_in_the_same_passage(source, written):
     _, rows = written
-    plain, distracted = rows[RECALL_PLAIN], rows[RECALL_DISTRACTOR]
-    assert len(plain) == len(distracted) >= 50
+    plain, distracted, alone = rows[RECALL_PLAIN], rows[RECALL_DISTRACTOR], rows[RECALL_CUE_ONLY]
+    assert len(plain) == len(distracted) == len(alone) >= 50
     encode = source.tokenizer.encode
-    for one, two in zip(plain, distracted, strict=True):
+    for one, two, three in zip(plain, distracted, alone, strict=True):
         passage, cue = one["context"].rsplit("\n", 1)
         assert len(cue.split()) == CUE_WORDS and passage.count(cue) == 1
         assert passage.index(cue + one["continuation"]) >= 0  # the answer followed the cue there
@@ -110,6 +113,7 @@ def test_a_recall_answer_is_what_followed_its_cue_in_the_same_passage(source, wr
         before, after = two["context"].split(EOS_TEXT)
         assert after == one["context"] and cue not in before
         assert two["distractor_document"] != int(one["document"].removeprefix("doc"))
+        assert three == {**one, "context": cue}  # the control: the cue without its passage
         assert before in _text(source, f"doc{two['distractor_document']}")
         assert len(encode(two["context"] + two["continuation"], add_special_tokens=False).ids) <= MAX_SEQ_LEN
 
@@ -151,13 +155,14 @@ def _sample(doc_id: int, loglikelihood: float, greedy: bool) -> dict:
 
 def test_recall_contrast_pairs_examples_by_id_with_a_t_interval():
     rng = np.random.default_rng(0)
-    plain_ll, other_ll = rng.normal(-3, 1, 40), rng.normal(-3.4, 1, 40)
+    plain_ll, other_ll, alone_ll = rng.normal(-3, 1, 40), rng.normal(-3.4, 1, 40), rng.normal(-5, 1, 40)
     plain_hit, other_hit = rng.random(40) < 0.5, rng.random(40) < 0.3
     samples = {
         RECALL_PLAIN: [_sample(i, plain_ll[i], plain_hit[i]) for i in range(40)],
         # another order and one extra example: pairing is by doc_id, the unpaired one is left out
         RECALL_DISTRACTOR: [_sample(i, other_ll[i], other_hit[i]) for i in reversed(range(40))]
         + [_sample(99, 0.0, True)],
+        RECALL_CUE_ONLY: [_sample(i, alone_ll[i], False) for i in range(40)],
     }
     out = recall_contrast(samples)
     assert out["examples"] == 40
@@ -170,6 +175,13 @@ def test_recall_contrast_pairs_examples_by_id_with_a_t_interval():
     assert out["acc"] == pytest.approx(plain_hit.mean()) and out["acc_distractor"] == pytest.approx(
         other_hit.mean()
     )
+    gain = plain_ll - alone_ll  # what the passage gives: plain - cue only
+    assert out["loglikelihood_passage_gain"] == pytest.approx(gain.mean(), abs=1e-12)
+    low, high = stats.ttest_1samp(gain, 0).confidence_interval(0.95)
+    assert (out["loglikelihood_passage_gain_low"], out["loglikelihood_passage_gain_high"]) == pytest.approx(
+        (low, high)
+    )
+    assert out["acc_cue_only"] == 0.0
 
 
 def test_flat_results_name_metrics_without_their_filter_and_keep_stderrs():
@@ -280,12 +292,15 @@ def test_the_summary_lines_say_the_paired_recall_difference_with_its_interval():
             "loglikelihood_difference": -0.125,
             "loglikelihood_difference_low": -0.25,
             "loglikelihood_difference_high": 0.0,
+            "loglikelihood_passage_gain": 0.75,
+            "loglikelihood_passage_gain_low": 0.5,
+            "loglikelihood_passage_gain_high": 1.0,
         },
     }
     assert summary_lines(metrics) == [
         f"{CLOZE}: acc 0.25, perplexity 41.5",
-        f"{RECALL}: acc 0.5000, with a distractor 0.3750; answer log-likelihood difference -0.1250 "
-        "[-0.2500, +0.0000] over 120 paired examples",
+        f"{RECALL}: acc 0.5000, with a distractor 0.3750; answer log-likelihood: distractor - plain -0.1250 "
+        "[-0.2500, +0.0000], passage gain +0.7500 [+0.5000, +1.0000] over 120 paired examples",
     ]
 
 

@@ -101,27 +101,32 @@ def _number(value: float) -> str:
 
 
 def summary_lines(metrics: dict[str, dict[str, float]]) -> list[str]:
-    """One line per task: its scores (recall: the distractor's paired difference and 95% interval)."""
-    from .task_files import RECALL, RECALL_DISTRACTOR, RECALL_PLAIN
+    """One line per task: its scores (recall: the distractor's cost and the passage's gain, paired,
+    with their 95% intervals)."""
+    from .task_files import RECALL, RECALL_VARIANTS
 
     lines = []
     for task, values in metrics.items():
-        if (
-            task in (RECALL_PLAIN, RECALL_DISTRACTOR) and RECALL in metrics
-        ):  # summed up in pretrain_recall's line
+        if task in RECALL_VARIANTS and RECALL in metrics:  # summed up in pretrain_recall's line
             continue
         if task == RECALL:
-            low, high = (
-                values.get("loglikelihood_difference_low"),
-                values.get("loglikelihood_difference_high"),
-            )
-            interval = f" [{low:+.4f}, {high:+.4f}]" if low is not None and high is not None else ""
             lines.append(
                 f"{task}: acc {values['acc']:.4f}, with a distractor {values['acc_distractor']:.4f}; answer "
-                f"log-likelihood difference {values['loglikelihood_difference']:+.4f}{interval} "
-                f"over {values['examples']:.0f} paired examples"
+                f"log-likelihood: distractor - plain {_paired_text(values, 'loglikelihood_difference')}"
+                + (
+                    f", passage gain {_paired_text(values, 'loglikelihood_passage_gain')}"
+                    if "loglikelihood_passage_gain" in values
+                    else ""
+                )
+                + f" over {values['examples']:.0f} paired examples"
             )
             continue
         shown = {k: v for k, v in values.items() if not k.endswith("_stderr") and math.isfinite(v)}
         lines.append(f"{task}: " + ", ".join(f"{k} {_number(v)}" for k, v in shown.items()))
     return lines
+
+
+def _paired_text(values: dict[str, float], name: str) -> str:
+    low, high = values.get(f"{name}_low"), values.get(f"{name}_high")
+    interval = f" [{low:+.4f}, {high:+.4f}]" if low is not None and high is not None else ""
+    return f"{values[name]:+.4f}{interval}"

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import ConfigError
-from .task_files import BPB, RECALL, RECALL_DISTRACTOR, RECALL_PLAIN, TASKS
+from .task_files import BPB, RECALL, RECALL_CUE_ONLY, RECALL_DISTRACTOR, RECALL_PLAIN, RECALL_VARIANTS, TASKS
 
 INSTALL_HINT = "install it with pip install -e '.[eval]' (make install does)"
 
@@ -149,27 +149,44 @@ def flat_results(output: dict) -> dict[str, dict[str, float]]:
 
 
 def recall_contrast(samples: dict) -> dict[str, float]:
-    """pretrain_recall's plain and distractor variants paired example by example (the same prompt
-    with and without another document before it): accuracy and log-likelihood of the answer in each,
-    the mean difference (distractor - plain) and its 95% t interval over the examples."""
-    from scipy import stats
-
-    plain = {s["doc_id"]: s["filtered_resps"][0] for s in samples.get(RECALL_PLAIN, [])}
-    other = {s["doc_id"]: s["filtered_resps"][0] for s in samples.get(RECALL_DISTRACTOR, [])}
-    shared = sorted(set(plain) & set(other))
+    """pretrain_recall's variants paired example by example (the same prompt with and without another
+    document before it, and its cue alone): accuracy and log-likelihood of the answer in each, and
+    two paired differences with 95% t intervals over the examples: `*_difference` = distractor -
+    plain (what another document costs), `*_passage_gain` = plain - cue only (what reading the passage
+    gives; about 0 for a model that predicts the word without it)."""
+    plain = _responses(samples, RECALL_PLAIN)
+    other = _responses(samples, RECALL_DISTRACTOR)
+    alone = _responses(samples, RECALL_CUE_ONLY)
+    shared = sorted(set(plain) & set(other) & (set(alone) if alone else set(plain)))
     out: dict[str, float] = {"examples": float(len(shared))}
     for name, column in (("acc", 1), ("loglikelihood", 0)):
         a = [float(plain[i][column]) for i in shared]
         b = [float(other[i][column]) for i in shared]
         out[name] = _mean(a)
         out[f"{name}_distractor"] = _mean(b)
-        differences = [y - x for x, y in zip(a, b, strict=True)]
-        mean = _mean(differences)
-        out[f"{name}_difference"] = mean
-        if len(differences) > 1:
-            spread = stats.tstd(differences) / math.sqrt(len(differences))
-            half = float(stats.t.ppf(0.975, len(differences) - 1) * spread) if spread > 0 else 0.0
-            out[f"{name}_difference_low"], out[f"{name}_difference_high"] = mean - half, mean + half
+        out.update(_paired(f"{name}_difference", a, b))
+        if alone:
+            c = [float(alone[i][column]) for i in shared]
+            out[f"{name}_cue_only"] = _mean(c)
+            out.update(_paired(f"{name}_passage_gain", c, a))
+    return out
+
+
+def _responses(samples: dict, task: str) -> dict:
+    return {s["doc_id"]: s["filtered_resps"][0] for s in samples.get(task, [])}
+
+
+def _paired(name: str, a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+    """The mean of b - a (paired) as `name`, with its 95% t interval as `name_low`, `name_high`."""
+    from scipy import stats
+
+    differences = [y - x for x, y in zip(a, b, strict=True)]
+    mean = _mean(differences)
+    out = {name: mean}
+    if len(differences) > 1:
+        spread = stats.tstd(differences) / math.sqrt(len(differences))
+        half = float(stats.t.ppf(0.975, len(differences) - 1) * spread) if spread > 0 else 0.0
+        out[f"{name}_low"], out[f"{name}_high"] = mean - half, mean + half
     return out
 
 
@@ -198,7 +215,7 @@ def downstream_metrics(output: dict) -> dict[str, dict[str, float]]:
     for task, stderrs in sample_stderrs(output).items():
         if task in flat:
             flat[task].update(stderrs)
-    if RECALL_PLAIN in flat or RECALL_DISTRACTOR in flat:
+    if any(task in flat for task in RECALL_VARIANTS):
         flat[RECALL] = recall_contrast(output.get("samples", {}))
     if BPB in flat:
         flat[BPB] = {"bits_per_byte": flat[BPB]["bits_per_byte"]}

@@ -5,10 +5,12 @@ folder, deterministic for a seed (the same bytes on every machine):
 
 - `pretrain_cloze`: the last word of a validation passage, LAMBADA-style (accuracy of the greedy word,
   perplexity of the word given the passage);
-- `pretrain_recall` (a group of `pretrain_recall_plain` and `pretrain_recall_distractor`): a passage,
-  a newline, then three words copied from inside it; the target is the word that followed them
-  there, which only the passage's own context gives. The distractor variant puts another validation
-  passage and the EOS before the same prompt: what a model without document masking saw in training;
+- `pretrain_recall` (a group of `pretrain_recall_plain`, `pretrain_recall_distractor` and
+  `pretrain_recall_cue_only`): a passage, a newline, then three words copied from inside it; the
+  target is the word that followed them there, which only the passage's own context gives. The
+  distractor variant puts another validation passage and the EOS before the same prompt: what a
+  model without document masking saw in training. The cue-only control drops the passage: what the
+  answer costs a model that does not read it;
 - `pretrain_bpb`: every prediction pair of the first validation documents, as the project chunks them
   (one loglikelihood request per chunk: its first input as context, its targets as continuation), so
   the harness's bits per byte is `pretrain eval`'s on the same documents.
@@ -33,6 +35,8 @@ from ..data.tokens import TokenSplit
 
 CLOZE, RECALL, BPB = "pretrain_cloze", "pretrain_recall", "pretrain_bpb"
 RECALL_PLAIN, RECALL_DISTRACTOR = "pretrain_recall_plain", "pretrain_recall_distractor"
+RECALL_CUE_ONLY = "pretrain_recall_cue_only"  # the control: the cue without its passage
+RECALL_VARIANTS = (RECALL_PLAIN, RECALL_DISTRACTOR, RECALL_CUE_ONLY)
 TASKS = (CLOZE, RECALL, BPB)
 MIN_CONTEXT_WORDS = 16  # a cloze target has at least this many words of passage before it
 CUE_WORDS = 3  # the recall prompt copies this many words; their next word is the answer
@@ -168,9 +172,10 @@ def _recall_candidates(text: str, words: list[re.Match], first: int, last: int) 
 
 def _recall_examples(
     source: TaskSource, rng: np.random.Generator, count: int
-) -> tuple[list[dict], list[dict]]:
-    """(plain, distractor) examples, the same prompts in the same order: per passage one copied
-    span chosen at random; the distractor is a passage of another document without the cue."""
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """(plain, distractor, cue-only) examples, the same prompts in the same order: per passage one
+    copied span chosen at random; the distractor is a passage of another document without the cue;
+    the control is the cue alone."""
     budget = (source.max_seq_len - 16) // 2  # the distractor and the passage each take at most half
     passages: list[tuple[int, int, str, list[re.Match], int, int]] = []
     for index in range(len(source.split)):
@@ -182,7 +187,7 @@ def _recall_examples(
         words = list(_WORDS.finditer(text))
         for number, (first, last) in enumerate(_windows(source, text, budget)):
             passages.append((index, number, text, words, first, last))
-    plain, distracted = [], []
+    plain, distracted, alone = [], [], []
     for index, number, text, words, first, last in passages:
         candidates = _recall_candidates(text, words, first, last)
         if not candidates:
@@ -203,8 +208,9 @@ def _recall_examples(
         if one is not None and two is not None:
             plain.append(one)
             distracted.append({**two, "distractor_document": other[0]})
+            alone.append({**one, "context": cue})
     order = rng.permutation(len(plain))
-    return [plain[k] for k in order], [distracted[k] for k in order]
+    return [plain[k] for k in order], [distracted[k] for k in order], [alone[k] for k in order]
 
 
 def _other_passage(passages: list, index: int, rng: np.random.Generator):
@@ -306,11 +312,12 @@ def write_task_files(directory: Path | str, source: TaskSource, count: int = 100
     shutil.copyfile(Path(__file__).with_name("harness_utils.py"), directory / "utils.py")
     rng = np.random.default_rng(source.seed)
     cloze = _cloze_examples(source, rng, count)[:count]
-    plain, distracted = _recall_examples(source, rng, count)
+    plain, distracted, alone = _recall_examples(source, rng, count)
     data = {
         CLOZE: (cloze, WORD_METRICS, False),
         RECALL_PLAIN: (plain[:count], WORD_METRICS, False),
         RECALL_DISTRACTOR: (distracted[:count], WORD_METRICS, False),
+        RECALL_CUE_ONLY: (alone[:count], WORD_METRICS, False),
         BPB: (_bpb_examples(source, count, files), [("bits_per_byte", "bits_per_byte", False)], True),
     }
     for task, (examples, metrics, bpb) in data.items():
@@ -319,6 +326,6 @@ def write_task_files(directory: Path | str, source: TaskSource, count: int = 100
         (directory / f"{task}.yaml").write_text(_yaml(task, f"{task}.jsonl", metrics, bpb))
         files.examples[task] = len(examples)
     (directory / f"{RECALL}.yaml").write_text(
-        "\n".join([f"group: {RECALL}", "task:", f"  - {RECALL_PLAIN}", f"  - {RECALL_DISTRACTOR}", ""])
+        "\n".join([f"group: {RECALL}", "task:", *(f"  - {task}" for task in RECALL_VARIANTS), ""])
     )
     return files

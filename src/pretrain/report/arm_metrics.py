@@ -157,7 +157,8 @@ DOWNSTREAM_DETAILS = ("_stderr", "_low", "_high")
 """A downstream metric's spread and interval (per run): the arms' table has its own over seeds."""
 DOWNSTREAM_COUNTS = {"examples", "documents", "documents_left_out", "targets", "bytes"}
 DOWNSTREAM_CHECKS = {"reference_bits_per_byte", "difference"}  # pretrain_bpb's agreement, not a score
-RECALL_VARIANTS = ("pretrain_recall_plain", "pretrain_recall_distractor")  # in pretrain_recall's contrast
+RECALL_VARIANTS = ("pretrain_recall_plain", "pretrain_recall_distractor", "pretrain_recall_cue_only")
+"""Summed up in pretrain_recall's paired contrast (downstream/harness.py)."""
 
 
 def downstream_keys(runs: list[Run]) -> list[tuple[str, str]]:
