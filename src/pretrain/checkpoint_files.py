@@ -169,6 +169,13 @@ def save_verified(checkpoint: dict[str, Any], path: Path) -> str:
 # --- verifying and loading ----------------------------------------------------------------------
 
 
+def recorded_sha256(path: str | Path) -> str | None:
+    """The sha256 the checkpoint file's record holds for it (None without a record or for a sharded
+    checkpoint directory)."""
+    path, record = Path(path), record_path(path)
+    return _read_record(record).get(path.name) if record.is_file() and path.is_file() else None
+
+
 def _read_record(record: Path) -> dict[str, str]:
     expected = {}
     try:

@@ -90,7 +90,9 @@ def run_lm_eval(request: LmEvalRequest) -> dict:
         )
         metrics = downstream_metrics(output)
         if files is not None and BPB in metrics:
-            metrics[BPB].update(_bpb_reference(checkpoint, config, files, request.limit, metrics[BPB]))
+            metrics[BPB].update(
+                _bpb_reference(checkpoint, config, source, files, request.limit, metrics[BPB])
+            )
     result = {
         "checkpoint": identity,
         "tasks": list(request.tasks),
@@ -139,14 +141,12 @@ def _load(path: Path):
 
 def _identity(path: Path, checkpoint: dict, config) -> dict:
     """What names the scored weights: path, step, the checkpoint record's sha256, model, policy."""
-    from ..checkpoint_files import record_path
+    from ..checkpoint_files import recorded_sha256
 
-    record = record_path(path)
-    digest = record.read_text().split()[0] if record.is_file() and path.is_file() else None
     return {
         "path": str(path.resolve()),
         "step": int(checkpoint.get("global_step", 0)),
-        "sha256": digest,
+        "sha256": recorded_sha256(path),
         "model": str(config.model.name),
         "policy": str(config.data.policy),
         "max_seq_len": int(config.data.max_seq_len),
@@ -185,13 +185,13 @@ def _task_source(checkpoint: dict, config, seed: int) -> TaskSource:
     )
 
 
-def _bpb_reference(checkpoint: dict, config, files: TaskFiles, limit: int | None, harness: dict) -> dict:
+def _bpb_reference(
+    checkpoint: dict, config, source: TaskSource, files: TaskFiles, limit: int | None, harness: dict
+) -> dict:
     """The project's own scoring (training's and `pretrain eval`'s loop) of the chunks the harness
     scored: its bits per byte, their difference, and the documents and pairs behind them."""
     from ..data.chunking import ChunkTable
     from ..data.evaluation import block_batches
-    from ..data.ingest.cache import CacheSpec
-    from ..data.ingest.prepare import prepare_cache
     from ..evaluate import load_decoder
     from ..training.scoring import score_batches
 
@@ -199,7 +199,7 @@ def _bpb_reference(checkpoint: dict, config, files: TaskFiles, limit: int | None
     if not chunks:
         return {"documents": 0, "targets": 0}
     doc, start, length, sizes = (np.array(column, dtype=np.int64) for column in zip(*chunks, strict=True))
-    split = prepare_cache(CacheSpec.from_config(config)).split("validation")
+    split = source.split  # the split the tasks were written from (verified once)
     table = ChunkTable(doc=doc, start=start, length=length, max_seq_len=int(config.data.max_seq_len))
     model = load_decoder(checkpoint, config, str(files.directory))
     sums = score_batches(model, block_batches(split, table, 8 * table.max_seq_len), torch.device("cpu"))
@@ -219,13 +219,13 @@ def record_in_run(path: Path, result: dict) -> str | None:
     """Merge the metrics into the run.json of the run the checkpoint belongs to (<run>/checkpoints/),
     atomically; None when the checkpoint is not inside a run directory that has one."""
     from ..fileio import write_text_atomic
-    from ..training.summary import RUN_JSON
+    from ..training.summary import RUN_JSON, read_summary
 
     run_dir = path.resolve().parent.parent
     run_json = run_dir / RUN_JSON
     if path.resolve().parent.name != "checkpoints" or not run_json.is_file():
         return None
-    summary = json.loads(run_json.read_text())
+    summary = read_summary(run_dir)
     summary["downstream"] = {**summary.get("downstream", {}), **result["downstream"]}
     summary["downstream_source"] = {
         "checkpoint": result["checkpoint"],

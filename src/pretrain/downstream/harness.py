@@ -183,10 +183,10 @@ def _paired(name: str, a: Sequence[float], b: Sequence[float]) -> dict[str, floa
     differences = [y - x for x, y in zip(a, b, strict=True)]
     mean = _mean(differences)
     out = {name: mean}
-    if len(differences) > 1:
-        spread = stats.tstd(differences) / math.sqrt(len(differences))
-        half = float(stats.t.ppf(0.975, len(differences) - 1) * spread) if spread > 0 else 0.0
-        out[f"{name}_low"], out[f"{name}_high"] = mean - half, mean + half
+    if len(differences) > 1:  # no spread (every example moved alike): the interval is the point
+        same = max(differences) == min(differences)
+        interval = (mean, mean) if same else stats.ttest_1samp(differences, 0).confidence_interval(0.95)
+        out[f"{name}_low"], out[f"{name}_high"] = float(interval[0]), float(interval[1])
     return out
 
 
