@@ -452,11 +452,11 @@ def test_failed_build_leaves_nothing_and_a_rerun_completes(make_cfg, cache_root,
     calls = {"n": 0}
     original = prepare_module.SplitWriter.write_many
 
-    def failing_write(self, doc_ids, tokens, lengths):
+    def failing_write(self, doc_ids, tokens, lengths, mask=None):
         calls["n"] += 1
         if calls["n"] == 2:  # the build writes a batch of documents per split and part
             raise KeyboardInterrupt("simulated interrupt mid-write")
-        return original(self, doc_ids, tokens, lengths)
+        return original(self, doc_ids, tokens, lengths, mask=mask)
 
     monkeypatch.setattr(prepare_module.SplitWriter, "write_many", failing_write)
     with pytest.raises(KeyboardInterrupt):

@@ -182,7 +182,9 @@ def test_a_key_of_another_plugin_names_the_plugins_that_read_it(case):
 def test_a_mixture_components_source_key_names_the_kind_that_reads_it():
     with pytest.raises(ConfigError) as error:
         _composed("mixture=pydocs_repo", "+mixture.components.pydocs.source.path=x")
-    assert str(error.value).endswith("; read by source=pkgdocs, source=fineweb: choose one, or drop the key")
+    assert str(error.value).endswith(
+        "; read by source=pkgdocs, source=fineweb, source=chat: choose one, or drop the key"
+    )
 
 
 def _read_by_cases() -> list[tuple[str, str, str, str, tuple[str, ...]]]:

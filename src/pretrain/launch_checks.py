@@ -145,13 +145,16 @@ def check_overrides(argv: list[str]) -> None:
 def check_job(config: Config) -> Config:
     """The device and attention backend the run asks for exist here (trainer=gpu without CUDA, flex
     training on CPU, varlen without CUDA bf16), refused before Lightning is imported; a mixture's
-    policy and every source's keys (nothing hashed); eval.downstream's tasks. Returns `config`."""
+    policy and every source's keys (nothing hashed); the task's source (task=sft: conversations);
+    eval.downstream's tasks. Returns `config`."""
+    from .data.ingest.chat import check_task
     from .data.mixture import check_sources
     from .downstream.after_training import check_downstream
     from .training.checks import attention_backend
 
     attention_backend(config.attn, config.trainer)
     check_sources(config)
+    check_task(config, config.source)
     check_downstream(config)
     return config
 

@@ -355,3 +355,29 @@ class LoggerConfig:
     def __post_init__(self) -> None:
         if self.mode not in (None, "online", "offline", "disabled") and _is_set(self.mode):
             raise ConfigError(f"logger.mode={self.mode!r} must be online, offline, disabled or null")
+
+
+class TaskName(StrEnum):
+    pretrain = "pretrain"
+    sft = "sft"
+
+
+class LossMaskChoice(StrEnum):
+    """`task.loss_mask` (the one definition is data/ingest/chat.py's LossMask; the schema sits above data
+    and repeats the names for Hydra's enum check)."""
+
+    assistant = "assistant"
+    completion = "completion"
+    all = "all"
+
+
+@dataclass
+class TaskConfig:
+    """The `task` group: what the documents are and which targets train (docs/sft.md)."""
+
+    name: TaskName = TaskName.pretrain
+    """pretrain (documents, every target trains) or sft (conversations with a loss mask)"""
+    loss_mask: LossMaskChoice = LossMaskChoice.assistant
+    """sft: which targets train: assistant (the replies), completion (from the first reply on) or all"""
+    chat_template: str | None = None
+    """sft: a .jinja file, `plain` (the bundled template) or null (the tokenizer's own, else plain)"""

@@ -30,6 +30,7 @@ from .groups import (
     ModelConfig,
     PrepareConfig,
     SplitConfig,
+    TaskConfig,
     TokenizerConfig,
     TrainerConfig,
 )
@@ -256,6 +257,7 @@ class Config:
     """write batches.rank<R>.jsonl: what each rank trained on, per update"""
     progress_bar: bool = True
     """Rich progress bar while training"""
+    task: TaskConfig = field(default_factory=TaskConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     split: SplitConfig = field(default_factory=SplitConfig)

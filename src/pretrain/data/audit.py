@@ -14,6 +14,12 @@ can log the same dict (`composition_audit`) and, per batch, `batch_attention_cos
   token: what attention FLOPs scale with; `attention_cost_padded`: the same units computed as dense
   rows of max_seq_len (units x max_seq_len^2 / real tokens), the padded equivalent beside it.
 
+A task=sft split (a loss mask) adds `trained_targets` and `masked_targets` (targets of the epoch's
+units that train, and those its loss mask leaves out), `trained_fraction` (trained / all targets) and
+`padding_waste_trained` (1 - trained targets / computed rows: padding and masked-out targets both
+waste compute); with data.long_docs=truncate, `dropped_conversations` (first reply does not fit), and
+`truncated_documents` / `dropped_pairs` count the conversations cut at whole exchanges.
+
 All of them are of one epoch's layout (epoch 0; a policy that packs anew each epoch differs slightly
 per epoch), before the tail that `Sampler.epoch_accounting` drops to keep ranks equal.
 """
@@ -149,7 +155,62 @@ def composition_audit(
         sampler = build_sampler(settings, split, packs_dir=packs_dir)
     plan = sampler.plan(0)
     return {
-        **audit_plan(sampler.policy, split, plan),
+        **audit_sampler(sampler, split, plan),
         "cross_document_visible_fraction": sampler.policy.cross_document_visible_fraction(plan),
         "positions": sampler.policy.position_numbering(),
     }
+
+
+TARGET_BLOCK = 1 << 22  # targets gathered at once when counting trained ones (4M bytes of mask)
+
+
+def trained_target_count(split: TokenSplit, starts: np.ndarray, lengths: np.ndarray) -> int:
+    """Targets of these items (inputs tokens[start : start + length]) whose loss-mask byte says they
+    train, counted block by block (no array the size of the epoch)."""
+    from ..arrays import run_positions
+    from .batch import trained_targets
+
+    assert split.loss_mask is not None
+    ends = np.cumsum(lengths, dtype=np.int64)
+    total, first = 0, 0
+    while first < len(lengths):
+        taken = int(ends[first - 1]) if first else 0
+        last = max(first + 1, int(np.searchsorted(ends, taken + TARGET_BLOCK, side="right")))
+        block = np.asarray(lengths[first:last], dtype=np.int64)
+        index = np.repeat(np.asarray(starts[first:last], dtype=np.int64), block) + run_positions(block) + 1
+        total += int(trained_targets(split.loss_mask, index).sum())
+        first = last
+    return total
+
+
+def loss_mask_audit(policy: DataPolicy, split: TokenSplit, plan: EpochPlan) -> dict:
+    """The task=sft keys (module doc) of `policy`'s epoch `plan` over a split with a loss mask."""
+    layout = plan.layout
+    starts, lengths = layout.start, layout.length
+    trained = trained_target_count(split, starts, lengths)
+    if layout.ends_document is not None and layout.ends_document.any():  # concat: never trained there
+        ends = layout.ends_document
+        trained -= trained_target_count(split, starts[ends] + lengths[ends] - 1, np.ones(int(ends.sum())))
+    targets = int(np.asarray(lengths, dtype=np.int64).sum())
+    computed = policy.computed_rows(plan)
+    return {
+        "trained_targets": trained,
+        "masked_targets": targets - trained,
+        "trained_fraction": trained / targets if targets else 0.0,
+        "padding_waste_trained": 1.0 - trained / computed if computed else 0.0,
+    }
+
+
+def audit_sampler(sampler: Sampler, split: TokenSplit, plan: EpochPlan) -> dict:
+    """`audit_plan` over what the sampler lays out (a conversation split cut at whole exchanges is a
+    view of `split`), with the truncation counted against the whole `split`, and for a split with a
+    loss mask its keys (`loss_mask_audit`)."""
+    out = audit_plan(sampler.policy, sampler.split, plan)
+    cuts = sampler.exchange_cuts
+    if cuts is not None:
+        out["truncated_documents"] = (cuts.cut + cuts.dropped) / len(split) if len(split) else 0.0
+        out["dropped_pairs"] = cuts.dropped_pairs / split.num_pairs if split.num_pairs else 0.0
+        out["dropped_conversations"] = cuts.dropped
+    if sampler.split.loss_mask is not None:
+        out.update(loss_mask_audit(sampler.policy, sampler.split, plan))
+    return out

@@ -18,6 +18,7 @@ from .chunking import Chunk
 from .tokens import EOS_TOKEN_ID
 
 IGNORE_INDEX = -100
+TRAINED_BIT = 1  # a loss-mask byte's bit 0: the target trains (data/ingest/chat.py writes it)
 PAD_TOKEN_ID = EOS_TOKEN_ID  # what a pad row's inputs hold (their targets are IGNORE_INDEX)
 
 
@@ -55,6 +56,11 @@ class PackedBatch:
         )
 
 
+def trained_targets(loss_mask: np.ndarray, target_index: np.ndarray) -> np.ndarray:
+    """Whether each target (a global token index) trains: bit 0 of its loss-mask byte (task=sft)."""
+    return (np.asarray(loss_mask[target_index]) & TRAINED_BIT).astype(bool)
+
+
 def _cu_seqlens(lengths: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(prefix_sums(lengths).astype(np.int32))
 
@@ -66,13 +72,15 @@ def gather_packed(
     pack_sizes: Sequence[int] | np.ndarray,
     capacity: int,
     targets: np.ndarray | None = None,
+    loss_mask: np.ndarray | None = None,
 ) -> PackedBatch:
     """Build a packed batch straight from the token file.
 
     `starts`/`lengths` are the chunks in batch order (global token offsets of their first input);
     `pack_sizes` says how many consecutive chunks form each logical pack. The targets are the
     tokens one further, or, when `targets` is given (chunks held apart: `collate_packed`), the
-    entries of `targets` at the inputs' offsets.
+    entries of `targets` at the inputs' offsets. With `loss_mask` (task=sft: the split's mask bytes),
+    a target whose token is not marked trained is IGNORE_INDEX and not counted.
     """
     starts = np.asarray(starts, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -80,6 +88,11 @@ def gather_packed(
     index = np.repeat(starts, lengths) + positions
     input_ids = np.asarray(tokens[index], dtype=np.int64)
     target_ids = np.asarray(tokens[index + 1] if targets is None else targets[index], dtype=np.int64)
+    num_targets = int(lengths.sum())
+    if loss_mask is not None:
+        trained = trained_targets(loss_mask, index + 1)
+        target_ids[~trained] = IGNORE_INDEX
+        num_targets = int(trained.sum())
     pack_lengths = np.diff(prefix_sums(lengths)[prefix_sums(pack_sizes)])
     return PackedBatch(
         input_ids=torch.from_numpy(input_ids),
@@ -87,7 +100,7 @@ def gather_packed(
         position_ids=torch.from_numpy(positions),
         cu_seqlens=_cu_seqlens(lengths),
         max_seqlen=int(lengths.max()) if len(lengths) else 0,
-        num_targets=int(lengths.sum()),
+        num_targets=num_targets,
         pack_lengths=torch.from_numpy(pack_lengths.astype(np.int64)),
         capacity=int(capacity),
     )
@@ -135,6 +148,7 @@ def gather_padded(
     lengths: np.ndarray,
     row_width: int,
     pad_token_id: int = PAD_TOKEN_ID,
+    loss_mask: np.ndarray | None = None,
 ) -> PackedBatch:
     """Padded rows (MiniMind style): row r holds `lengths[r]` real inputs from `starts[r]`, then pads
     (input `pad_token_id`, the tokenizer's EOS; target IGNORE_INDEX) up to `row_width`. Pads are
@@ -150,6 +164,11 @@ def gather_padded(
     # Cast before np.where: mixing uint32 tokens with -100 would wrap around.
     input_ids = np.where(real, np.asarray(tokens[index], dtype=np.int64), pad_token_id)
     targets = np.where(real, np.asarray(tokens[index + 1], dtype=np.int64), IGNORE_INDEX)
+    num_targets = int(lengths.sum())
+    if loss_mask is not None:  # task=sft: only the marked targets train
+        trained = real & trained_targets(loss_mask, index + 1)
+        targets = np.where(trained, targets, IGNORE_INDEX)
+        num_targets = int(trained.sum())
     seg = np.full(rows, row_width, dtype=np.int64)
     return PackedBatch(
         input_ids=torch.from_numpy(input_ids.reshape(-1)),
@@ -157,7 +176,7 @@ def gather_padded(
         position_ids=torch.from_numpy(np.tile(col, rows)),
         cu_seqlens=_cu_seqlens(seg),
         max_seqlen=int(row_width),
-        num_targets=int(lengths.sum()),
+        num_targets=num_targets,
         pack_lengths=torch.from_numpy(lengths.copy()),
         capacity=int(row_width),
         padded=True,

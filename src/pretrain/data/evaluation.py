@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..arrays import run_positions
-from .batch import PackedBatch, gather_packed
+from .batch import PackedBatch, gather_packed, trained_targets
 from .chunking import ChunkTable
 from .policies import PolicySettings, split_chunks
 from .tokens import TokenSplit
@@ -91,7 +91,11 @@ def evaluation_positions(
             table.start[items] - split.offsets[table.doc[items]]
         )  # the chunk's first input in its document
         lengths = table.length[items].astype(np.int64)
-        yield np.repeat(first, lengths) + run_positions(lengths)
+        positions = np.repeat(first, lengths) + run_positions(lengths)
+        if split.loss_mask is not None:  # task=sft: only the trained targets count
+            index = np.repeat(table.start[items], lengths) + run_positions(lengths) + 1
+            positions = positions[trained_targets(split.loss_mask, index)]
+        yield positions
 
 
 def _batch_chunks(
@@ -131,7 +135,12 @@ def block_batches(split: TokenSplit, table: ChunkTable, tokens_per_batch: int) -
         last = max(first + 1, int(np.searchsorted(ends, taken + tokens_per_batch, side="right")))
         lengths = table.length[first:last]
         yield gather_packed(
-            split.tokens, table.start[first:last], lengths, np.ones(len(lengths)), table.max_seq_len
+            split.tokens,
+            table.start[first:last],
+            lengths,
+            np.ones(len(lengths)),
+            table.max_seq_len,
+            loss_mask=split.loss_mask,
         )
         first = last
 

@@ -43,6 +43,7 @@ import numpy as np
 from ..errors import ConfigError
 from .batch import PackedBatch
 from .chunking import ChunkTable
+from .exchanges import ExchangeCuts, whole_exchanges
 from .mixture import Mixture, MixturePlan
 from .policies import EpochPlan, Layout, PolicySettings, split_chunks, split_fingerprint
 from .tokens import TokenSplit
@@ -73,6 +74,14 @@ class Sampler:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
         if len(split) == 0:
             raise ConfigError(f"the {split.name} split has no documents: nothing to train on")
+        self.exchange_cuts: ExchangeCuts | None = None
+        if split.loss_mask is not None and settings.data_policy.truncates:  # conversations: whole exchanges
+            split, self.exchange_cuts = whole_exchanges(split, settings.max_seq_len)
+            if len(split) == 0:
+                raise ConfigError(
+                    f"no conversation of the {split.name} split has a whole first exchange within "
+                    f"data.max_seq_len={settings.max_seq_len}: raise it, or set data.long_docs=chunk"
+                )
         self.split = split
         self.settings = settings
         self.policy = settings.data_policy

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .audit import audit_plan
+from .audit import audit_sampler
 from .evaluation import evaluation_batch_count, evaluation_chunks, validation_pairs
 from .leaks import leaked_documents
 from .mixture import Mixture, mixture_statistics
@@ -101,9 +101,9 @@ def inspect_split(
         "packs": len(plan.layout),
         "pack_utilization": real / slots if slots else 0.0,
         "padding_waste": 1.0 - real / computed if computed else 0.0,
-        "truncated_pairs": policy.truncated_pairs(train, plan),
+        "truncated_pairs": _truncated_pairs(sampler, train, plan),
         "cross_document_visible_fraction": policy.cross_document_visible_fraction(plan),
-        **audit_plan(policy, train, plan),
+        **audit_sampler(sampler, train, plan),
         "tokens_per_step": plan.ordered_tokens / global_batches * accumulation if global_batches else 0.0,
         "steps_per_epoch": global_batches // accumulation,
         **(_audits(train, validation) if audits else {}),
@@ -111,6 +111,12 @@ def inspect_split(
         "validation": _validation(settings, validation, validation_parts),
         **(_mixture(sampler, plan) if sampler.mixture_plan is not None else {}),
     }
+
+
+def _truncated_pairs(sampler: Sampler, train: TokenSplit, plan) -> int:
+    """Pairs of `train` no batch holds: truncated tails, or conversations' beyond their whole exchanges."""
+    cuts = sampler.exchange_cuts
+    return sampler.policy.truncated_pairs(train, plan) if cuts is None else cuts.dropped_pairs
 
 
 def _validation(settings: PolicySettings, validation: TokenSplit, parts: Sequence[TokenSplit] | None) -> dict:

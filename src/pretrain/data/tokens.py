@@ -70,6 +70,24 @@ class DocumentIds(Sequence[str]):
         return f"DocumentIds({str(self.path)!r}, {self._count})"
 
 
+class SubsetIds(Sequence[str]):
+    """Some of a split's document ids, by index (a view of DocumentIds: nothing read until asked)."""
+
+    def __init__(self, ids: Sequence[str], keep: np.ndarray):
+        self._ids, self._keep = ids, np.asarray(keep, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self._keep)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._ids[int(j)] for j in self._keep[i]]
+        return self._ids[int(self._keep[i])]
+
+    def __iter__(self) -> Iterator[str]:
+        return (self._ids[int(j)] for j in self._keep)
+
+
 @dataclass(frozen=True)
 class TokenSplit:
     """Documents back to back in `tokens` (uint16 or uint32, usually an np.memmap: never loaded whole);
@@ -83,6 +101,9 @@ class TokenSplit:
     ids: Sequence[str] = ()
     name: str = "train"
     eos_token_id: int = EOS_TOKEN_ID  # the tokenizer's EOS (what padded rows' pad inputs hold)
+    # task=sft: a byte per token beside `tokens` (ingest/chat.py): bit 0 the token is a trained target,
+    # bit 1 whole exchanges end before it. None: every target trains (pretraining).
+    loss_mask: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -94,6 +115,20 @@ class TokenSplit:
     @property
     def num_pairs(self) -> int:
         return int(self.lengths.sum()) - len(self.lengths)
+
+    def view(self, keep: np.ndarray, lengths: np.ndarray) -> TokenSplit:
+        """The documents `keep` (indices, in order) with their first `lengths` tokens each: the same
+        token file and mask, another index (a conversation cut at its last whole exchange)."""
+        keep = np.asarray(keep, dtype=np.int64)
+        return TokenSplit(
+            tokens=self.tokens,
+            offsets=self.offsets[keep],
+            lengths=np.asarray(lengths, dtype=np.int64),
+            ids=SubsetIds(self.ids, keep),
+            name=self.name,
+            eos_token_id=self.eos_token_id,
+            loss_mask=self.loss_mask,
+        )
 
     def document(self, i: int) -> np.ndarray:
         return np.asarray(self.tokens[self.offsets[i] : self.offsets[i] + self.lengths[i]])

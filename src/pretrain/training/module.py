@@ -205,13 +205,14 @@ class PretrainModule(L.LightningModule):
             "lr": lr,
             **machine_load(),
         }
+        if not result.num_targets:  # a loss mask left this update nothing to train: no loss to log
+            del metrics["train/loss"]
         for name, tokens in zip(self.component_names, self.component_tokens, strict=True):
             metrics[f"train/tokens/{name}"] = float(tokens)
         if self._token_budget_reached():
             # train.max_tokens: this update is the last (all ranks agree: tokens_seen is global).
             self.trainer.should_stop = True
-        if self._peak_flops:
-            # This rank's model FLOPs (real segment lengths) over this device's peak.
+        if self._peak_flops:  # this rank's model FLOPs (real segment lengths) over this device's peak
             lengths = [real_segment_lengths(mb) for mb in update.microbatches]
             flops = sum(training_flops(self.gpt_config, segments) for segments in lengths)
             metrics["train/mfu"] = flops / max(now - started, 1e-9) / self._peak_flops

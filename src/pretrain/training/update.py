@@ -60,7 +60,17 @@ def run_update(
     totals = all_reduce_sum(local.clone())
     num_targets = int(totals[0].item())
     if num_targets == 0:
-        raise ValueError("an update without a single real target cannot be normalised")
+        # Only task=sft's loss mask leaves an update nothing to train (every target a prompt token):
+        # every rank sees the same total, so all skip alike; no gradient, the optimizer steps over none.
+        if int(totals[1].item()) == 0:
+            raise ValueError("an update without a single real token cannot be normalised")
+        return UpdateResult(
+            loss=float("nan"),
+            num_targets=0,
+            real_tokens=int(totals[1].item()),
+            computed_tokens=int(totals[2].item()),
+            capacity_slots=int(totals[3].item()),
+        )
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for mb in microbatches:
         loss = model.loss(mb, denominator=num_targets)

@@ -46,6 +46,7 @@ def _encoded(spec: CacheSpec, source, stats: BuildStats) -> Iterator[Encoded]:
             encoder=settings.encoder,
             workers=resolve_num_proc(settings, source),
             parent_pid=os.getpid(),
+            chat=spec.chat,
         )
         return encoded_parts(job, stats, per_part=False)
 
@@ -60,7 +61,10 @@ def build_cache(spec: CacheSpec, directory: Path, *, progress: bool = True) -> d
     source = source_from_config(spec.source, settings.part_sizes)
     budgets = spec.identity["budget"]
     writers = {
-        s: SplitWriter(directory, s, budgets[f"{s}_tokens"], token_dtype=spec.token_dtype) for s in SPLITS
+        s: SplitWriter(
+            directory, s, budgets[f"{s}_tokens"], token_dtype=spec.token_dtype, masked=spec.chat is not None
+        )
+        for s in SPLITS
     }
     stats = BuildStats(tasks=settings.tasks)
     collector = Collector(writers, stats)
@@ -109,6 +113,7 @@ def _build_record(spec: CacheSpec, stats: BuildStats, started: float) -> dict:
         "duplicates_skipped": stats.duplicates,
         "empty_skipped": stats.empty,
         "over_budget_skipped": stats.over_budget,
+        **({"special_text_skipped": stats.special_text} if spec.chat is not None else {}),
         "seconds": round(time.perf_counter() - started, 3),
         "encoder": stats.encoder,
         "cross_checked_documents": stats.cross_checked,

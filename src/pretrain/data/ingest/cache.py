@@ -37,6 +37,7 @@ from ..files import (
 from ..index import REBUILD_HINT, read_index_array
 from ..sources import source_identity
 from ..tokens import EOS_TOKEN_ID, DocumentIds, TokenSplit
+from .chat import ChatSettings, chat_settings, check_task
 from .prepare_settings import PrepareSettings
 from .tokenizer import TokenizerFiles
 from .tokenizer_json import TokenizerJson, resolve_tokenizer
@@ -108,9 +109,11 @@ def cache_identity(
     split: SplitConfig,
     budget: BudgetConfig,
     token_dtype: str = "uint32",
+    chat: ChatSettings | None = None,
 ) -> dict:
     """Everything that decides the cache's bytes, and nothing else. A tokenizer.json adds its kind and
-    EOS text (GPT-2's identity keeps exactly its keys: its caches keep their keys)."""
+    EOS text (GPT-2's identity keeps exactly its keys: its caches keep their keys); a task=sft cache its
+    `chat` entry (the loss mask and the template's sha256)."""
     json_file = tokenizer_files if isinstance(tokenizer_files, TokenizerJson) else None
     extra = json_file.identity() if json_file else {}
     return {
@@ -127,6 +130,7 @@ def cache_identity(
         "budget": {"train_tokens": budget.train_tokens, "validation_tokens": budget.validation_tokens},
         "dtype": token_dtype,
         "eos_token_id": json_file.eos_token_id if json_file else EOS_TOKEN_ID,
+        **({"chat": chat.identity()} if chat is not None else {}),
     }
 
 
@@ -152,6 +156,7 @@ class CacheSpec:
     rebuild: bool = False
     verify: str = "quick"
     prepare: PrepareSettings = field(default_factory=PrepareSettings)  # how a build runs, not what it holds
+    chat: ChatSettings | None = None  # task=sft: how conversations become tokens and a loss mask
 
     @property
     def directory(self) -> Path:
@@ -175,7 +180,13 @@ class CacheSpec:
         verify = str(config.cache.verify)  # quick | full: the schema's enum refused anything else
         tokenizer_files = resolve_tokenizer(config.tokenizer)
         dtype = resolve_token_dtype(config.cache.token_dtype, tokenizer_files)
-        identity = cache_identity(source, config.tokenizer, tokenizer_files, config.split, budget, dtype)
+        check_task(config, source)
+        task, chat = config.task, None
+        if str(task.name) == "sft":
+            chat = chat_settings(str(task.loss_mask), task.chat_template, tokenizer_files)
+        identity = cache_identity(
+            source, config.tokenizer, tokenizer_files, config.split, budget, dtype, chat
+        )
         return cls(
             root=root,
             identity=identity,
@@ -185,6 +196,7 @@ class CacheSpec:
             rebuild=bool(config.cache.rebuild),
             verify=verify,
             prepare=PrepareSettings.from_config(config.prepare),
+            chat=chat,
         )
 
 
@@ -282,10 +294,15 @@ class Cache:
             return self.directory / "packs"
         return state_dir() / "packs" / _place_name(self.directory, self.manifest.get("key", ""))
 
+    @property
+    def masked(self) -> bool:
+        """A task=sft cache: its splits carry a loss mask."""
+        return is_masked(self.manifest)
+
     def split(self, name: str) -> TokenSplit:
         if name not in SPLITS:
             raise ConfigError(f"split must be one of {SPLITS}, got {name!r}")
-        names = split_files(name)
+        names = split_files(name, self.masked)
         documents = int(self.manifest["splits"][name]["documents"])
         offsets, lengths = read_index_array(self.directory / names["index_npy"], documents)
         path = self.directory / names["bin"]
@@ -293,8 +310,18 @@ class Cache:
         tokens = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
         ids = DocumentIds(self.directory / names["index"], documents)
         eos = int((self.manifest.get("identity") or {}).get("eos_token_id", EOS_TOKEN_ID))
+        mask = None
+        if self.masked:
+            mask_path = self.directory / names["mask"]
+            mask = np.memmap(mask_path, dtype=np.uint8, mode="r") if len(tokens) else np.zeros(0, np.uint8)
         return TokenSplit(
-            tokens=tokens, offsets=offsets, lengths=lengths, ids=ids, name=name, eos_token_id=eos
+            tokens=tokens,
+            offsets=offsets,
+            lengths=lengths,
+            ids=ids,
+            name=name,
+            eos_token_id=eos,
+            loss_mask=mask,
         )
 
     def counts(self) -> dict:
@@ -343,9 +370,10 @@ def read_manifest(directory: Path, identity: dict | None = None) -> dict:
         for split in SPLITS:
             entry = manifest["splits"][split]
             int(entry["documents"]), int(entry["tokens"])
-            if set(entry["files"]) != set(split_files(split)):
+            names = split_files(split, is_masked(manifest))
+            if set(entry["files"]) != set(names):
                 raise ValueError(f"splits.{split}.files lists {sorted(entry['files'])}")
-            for kind, name in split_files(split).items():
+            for kind, name in names.items():
                 if entry["files"][kind]["name"] != name:
                     raise ValueError(f"splits.{split}.files.{kind} names {entry['files'][kind]['name']!r}")
                 int(entry["files"][kind]["bytes"]), str(entry["files"][kind]["sha256"])
@@ -360,8 +388,13 @@ def manifest_files(manifest: dict) -> Iterator[tuple[str, dict, dict]]:
     """(split, its entry, file entry) for every file the manifest lists."""
     for split in SPLITS:
         entry = manifest["splits"][split]
-        for kind in split_files(split):
+        for kind in split_files(split, is_masked(manifest)):
             yield split, entry, entry["files"][kind]
+
+
+def is_masked(manifest: dict) -> bool:
+    """Whether a cache's splits carry a loss mask (task=sft: its identity has a `chat` entry)."""
+    return "chat" in (manifest.get("identity") or {})
 
 
 def _place_name(directory: Path, key: str) -> str:

@@ -18,6 +18,7 @@ class BuildStats:
     duplicates: int = 0
     empty: int = 0
     over_budget: int = 0
+    special_text: int = 0  # task=sft: conversations left out (a message holds a special token's text)
     cross_checked: int = 0
     encoder: str = ""
     num_proc: int = 1
@@ -70,15 +71,20 @@ class Collector:
         rows = int(part.doc_rows[processed - 1]) + 1 if stopped else part.rows
         stats.read += rows
         stats.empty += rows - processed
+        if part.special_text and not stopped:  # left out by the chat encoder, not blank
+            stats.empty -= part.special_text
+            stats.special_text += part.special_text
         for s, writer in enumerate(writers):
             chosen = keep & (part.validation == bool(s))
             count = int(chosen.sum())
             if not count:
                 continue
             if count == n:
-                tokens = part.tokens
+                tokens, mask = part.tokens, part.mask
             else:
-                tokens = part.tokens[np.repeat(chosen, part.lengths)]
+                rows_kept = np.repeat(chosen, part.lengths)
+                tokens = part.tokens[rows_kept]
+                mask = part.mask[rows_kept] if part.mask is not None else None
             ids = [digests[32 * j : 32 * j + 32].hex() for j in np.flatnonzero(chosen).tolist()]
-            writer.write_many(ids, tokens, part.lengths[chosen])
+            writer.write_many(ids, tokens, part.lengths[chosen], mask=mask)
         return stopped or self.done

@@ -28,6 +28,8 @@ class Encoded:
     validation: np.ndarray  # bool per document: its split is validation
     lengths: np.ndarray  # int64 per document: tokens, EOS included
     tokens: np.ndarray  # the documents' ids back to back, EOS after each (uint32, or uint16 if asked)
+    mask: np.ndarray | None = None  # task=sft: uint8 per token (ingest/chat.py: TRAINED, CUT bits)
+    special_text: int = 0  # conversations left out: a message holds a special token's text
 
 
 @functools.lru_cache(maxsize=2)
@@ -106,10 +108,20 @@ def encode_documents(
         dtype=bool,
         count=len(texts),
     )
-    ids, lengths = encoder.encode(texts)
-    if checker is not None:
-        checker.check(texts, origins, digests, ids, lengths)
-    tokens = np.insert(ids, np.cumsum(lengths), np.uint32(encoder.eos_token_id))
+    mask, special_text = None, 0
+    if hasattr(encoder, "encode_masked"):  # conversations (ingest/chat.py): ids, mask, EOS included
+        tokens, lengths, mask, kept = encoder.encode_masked(texts, origins)
+        if not kept.all():
+            special_text = int((~kept).sum())
+            doc_rows = [row for row, keep in zip(doc_rows, kept.tolist(), strict=True) if keep]
+            digests = [digest for digest, keep in zip(digests, kept.tolist(), strict=True) if keep]
+            validation = validation[kept]
+        lengths = lengths - 1  # as for documents below: lengths + 1 counts the closing EOS
+    else:
+        ids, lengths = encoder.encode(texts)
+        if checker is not None:
+            checker.check(texts, origins, digests, ids, lengths)
+        tokens = np.insert(ids, np.cumsum(lengths), np.uint32(encoder.eos_token_id))
     if dtype == "uint16" and (tokens.size == 0 or int(tokens.max()) < 1 << 16):
         tokens = tokens.astype(np.uint16)  # else the writer names the id that does not fit
     return Encoded(
@@ -119,4 +131,6 @@ def encode_documents(
         validation=validation,
         lengths=lengths + 1,
         tokens=tokens,
+        mask=mask,
+        special_text=special_text,
     )

@@ -35,9 +35,10 @@ from pathlib import Path
 
 from ...errors import CacheError, PretrainError
 from ..sources import Document, Part, Source, documents
+from .chat import ChatEncoder, ChatSettings
 from .collect import BuildStats
 from .encode import CrossCheck, Encoded, cached_encoder, encode_documents
-from .tokenizer import TokenizerFiles, build_encoder
+from .tokenizer import Encoder, TokenizerFiles, build_encoder
 
 BATCH_CHARS = 1 << 20  # in-process: texts encoded at once (~250k tokens)
 QUEUE_DEPTH = 4  # encoded parts a worker may be ahead of the writer
@@ -58,6 +59,14 @@ class Job:
     task: int = 0
     workers: int = 1
     parent_pid: int = 0
+    chat: ChatSettings | None = None  # task=sft: conversations encoded with their loss mask
+
+
+def job_encoder(job: Job) -> tuple[Encoder, str | None]:
+    """The job's encoder: conversations' (task=sft), else document bodies' (memoised per process)."""
+    if job.chat is not None:
+        return ChatEncoder(job.tokenizer_files, job.chat), None
+    return cached_encoder(job.tokenizer_files, job.encoder)
 
 
 def selected(parts: Iterable[Part], tasks: int, task: int, workers: int, worker: int) -> Iterator[Part]:
@@ -156,7 +165,7 @@ def _prefetch(iterator: Iterator, depth: int = 2) -> Generator:
 def _in_process(job: Job, batches: Iterator[list[Document]], stats: BuildStats) -> Iterator[Encoded]:
     """One process: a reader thread, one batch encoded ahead in a thread (the encoders and sha256
     release the GIL), the writer in the caller."""
-    encoder, notice = cached_encoder(job.tokenizer_files, job.encoder)
+    encoder, notice = job_encoder(job)
     if notice:
         print(notice, file=sys.stderr, flush=True)
     stats.encoder = encoder.name
@@ -229,7 +238,7 @@ def _worker(job: Job, worker: int, out) -> None:
     _follow_parent(job.parent_pid)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker
     try:
-        encoder, notice = build_encoder(job.tokenizer_files, job.encoder)
+        encoder, notice = job_encoder(job) if job.chat else build_encoder(job.tokenizer_files, job.encoder)
         out.put(("start", {"encoder": encoder.name, "notice": notice if worker == 0 else None}))
         # Worker 0 cross-checks (its parts are every workers-th part: spread over the whole build); the
         # others skip building the reference tokenizer.

@@ -23,7 +23,7 @@ from ..files import (
 )
 from ..index import REBUILD_HINT, read_index, read_index_array
 from ..tokens import EOS_TOKEN_ID
-from .cache import RECORD, SPLITS, Cache, _place_name, manifest_files, read_manifest
+from .cache import RECORD, SPLITS, Cache, _place_name, is_masked, manifest_files, read_manifest
 from .writer import split_files
 
 
@@ -167,7 +167,7 @@ def check_index(directory: Path, split: str, manifest: dict) -> None:
     """The JSONL index and its binary twin must agree and tile the token file exactly, one EOS
     closing each document (a full check: it parses the JSONL and reads each document's last token)."""
     entry = manifest["splits"][split]
-    names = split_files(split)
+    names = split_files(split, is_masked(manifest))
     dtype = np.dtype(manifest["token_dtype"]).newbyteorder("<")
     index_path = directory / names["index"]
     ids, offsets, lengths = read_index(index_path)
@@ -178,6 +178,8 @@ def check_index(directory: Path, split: str, manifest: dict) -> None:
         problem = f"{int(lengths.sum())} tokens in the index, the manifest says {entry['tokens']}"
     elif (directory / names["bin"]).stat().st_size != dtype.itemsize * entry["tokens"]:
         problem = f"the token file does not hold {entry['tokens']} {dtype.name} tokens"
+    elif "mask" in names and (directory / names["mask"]).stat().st_size != entry["tokens"]:
+        problem = f"the loss-mask file does not hold one byte for each of {entry['tokens']} tokens"
     elif len(lengths) and (lengths.min() < 2 or not np.array_equal(offsets, np.cumsum(lengths) - lengths)):
         problem = "offsets and lengths do not tile the token file"
     if problem is None:

@@ -4,7 +4,8 @@ hashing the bytes as they are written.
 `<split>.bin` holds the documents' tokens back to back in `token_dtype` (uint16 or uint32,
 little-endian), `<split>.jsonl` one line `{"id":...,"offset":...,"length":...}` per document, and
 `<split>.index.npy` the same offsets and lengths as one int64 array of shape (2, documents), which
-training loads with np.load (no JSON parsing, no Python object per document).
+training loads with np.load (no JSON parsing, no Python object per document). A task=sft cache adds
+`<split>.mask.bin`: one byte per token, its loss-mask bits (ingest/chat.py).
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ class TokenDtype(StrEnum):
 TOKEN_DTYPES = tuple(str(d) for d in TokenDtype if d is not TokenDtype.auto)  # what a cache stores
 
 
-def split_files(split: str) -> dict[str, str]:
-    """The files of one split, by their kind in the manifest (`splits.<split>.files.<kind>`)."""
-    return {"bin": f"{split}.bin", "index": f"{split}.jsonl", "index_npy": f"{split}.index.npy"}
+def split_files(split: str, masked: bool = False) -> dict[str, str]:
+    """The files of one split, by their kind in the manifest (`splits.<split>.files.<kind>`); `masked`:
+    with the loss mask of a task=sft cache."""
+    names = {"bin": f"{split}.bin", "index": f"{split}.jsonl", "index_npy": f"{split}.index.npy"}
+    return {**names, "mask": f"{split}.mask.bin"} if masked else names
 
 
 def token_dtype(value: Any) -> np.dtype:
@@ -68,30 +71,36 @@ class SplitWriter:
     split: str
     budget: int | None
     token_dtype: Any = np.uint32
+    masked: bool = False  # task=sft: a loss-mask byte per token (`<split>.mask.bin`)
     documents: int = 0
     tokens: int = 0
     _bin_hash: Any = field(default_factory=hashlib.sha256)
     _index_hash: Any = field(default_factory=hashlib.sha256)
+    _mask_hash: Any = field(default_factory=hashlib.sha256)
 
     def __post_init__(self):
         self.directory = Path(self.directory)
         self.token_dtype = token_dtype(self.token_dtype)
         self._limit = int(np.iinfo(self.token_dtype).max)
         self._lengths = np.zeros(1024, dtype=np.int64)  # grows by doubling: no object per document
-        names = split_files(self.split)
+        names = split_files(self.split, self.masked)
         self._bin = open(self.directory / names["bin"], "wb")
         self._index = open(self.directory / names["index"], "wb")
+        self._mask = open(self.directory / names["mask"], "wb") if self.masked else None
 
     @property
     def full(self) -> bool:
         return self.budget is not None and self.tokens >= self.budget
 
-    def write(self, doc_id: str, ids: np.ndarray) -> None:
+    def write(self, doc_id: str, ids: np.ndarray, mask: np.ndarray | None = None) -> None:
         ids = np.asarray(ids)
-        self.write_many([doc_id], ids, np.array([len(ids)], dtype=np.int64))
+        self.write_many([doc_id], ids, np.array([len(ids)], dtype=np.int64), mask=mask)
 
-    def write_many(self, doc_ids: list[str], tokens: np.ndarray, lengths: np.ndarray) -> None:
-        """Several documents at once: `tokens` back to back, `lengths[i]` tokens (EOS included) each."""
+    def write_many(
+        self, doc_ids: list[str], tokens: np.ndarray, lengths: np.ndarray, mask: np.ndarray | None = None
+    ) -> None:
+        """Several documents at once: `tokens` back to back, `lengths[i]` tokens (EOS included) each;
+        `mask` their loss-mask bytes (a masked writer needs them, another refuses them)."""
         tokens = np.asarray(tokens)
         lengths = np.asarray(lengths, dtype=np.int64)
         if len(doc_ids) != len(lengths) or int(lengths.sum()) != len(tokens) or lengths.ndim != 1:
@@ -101,6 +110,11 @@ class SplitWriter:
             )
         if len(lengths) and int(lengths.min()) < 1:
             raise ValueError("write_many: every document has at least its EOS token")
+        if (mask is not None) != self.masked or (mask is not None and len(mask) != len(tokens)):
+            raise ValueError(
+                f"write_many: a {'masked' if self.masked else 'plain'} split got "
+                f"{'no mask' if mask is None else f'{len(mask)} mask bytes for {len(tokens)} tokens'}"
+            )
         data = self._encode(tokens)
         offsets = self.tokens + np.cumsum(lengths) - lengths
         lines = index_lines(doc_ids, offsets, lengths)
@@ -108,6 +122,10 @@ class SplitWriter:
         self._index.write(lines)
         self._bin_hash.update(data)
         self._index_hash.update(lines)
+        if self._mask is not None and mask is not None:
+            mask_bytes = np.asarray(mask, dtype=np.uint8).tobytes()
+            self._mask.write(mask_bytes)
+            self._mask_hash.update(mask_bytes)
         self._remember(lengths)
         self.documents += len(lengths)
         self.tokens += len(tokens)
@@ -133,11 +151,13 @@ class SplitWriter:
         self._lengths[self.documents : need] = lengths
 
     def close(self) -> dict:
-        for handle in (self._bin, self._index):
+        for handle in (self._bin, self._index, self._mask):
+            if handle is None:
+                continue
             handle.flush()
             os.fsync(handle.fileno())
             handle.close()
-        names = split_files(self.split)
+        names = split_files(self.split, self.masked)
         lengths = self._lengths[: self.documents]
         table = np.stack([np.cumsum(lengths) - lengths, lengths]).astype("<i8")
         npy = self.directory / names["index_npy"]
@@ -145,12 +165,18 @@ class SplitWriter:
             np.save(handle, table, allow_pickle=False)
             handle.flush()
             os.fsync(handle.fileno())
+        masked = {}
+        if self.masked:
+            masked = {
+                "mask": {"name": names["mask"], "bytes": self.tokens, "sha256": self._mask_hash.hexdigest()}
+            }
         return {
             "documents": self.documents,
             "tokens": self.tokens,
             "prediction_pairs": self.tokens - self.documents,
             "token_dtype": self.token_dtype.name,
             "files": {
+                **masked,
                 "bin": {
                     "name": names["bin"],
                     "bytes": self.tokens * self.token_dtype.itemsize,
@@ -172,3 +198,5 @@ class SplitWriter:
     def abort(self) -> None:
         self._bin.close()
         self._index.close()
+        if self._mask is not None:
+            self._mask.close()

@@ -166,7 +166,9 @@ class DataPolicy:
         from ..batch import gather_packed  # torch only when a batch is built: the schema stays light
 
         starts, lengths = layout.starts(items), layout.lengths(items)
-        return gather_packed(split.tokens, starts, lengths, counts, self.max_seq_len)
+        return gather_packed(
+            split.tokens, starts, lengths, counts, self.max_seq_len, loss_mask=split.loss_mask
+        )
 
     def resume_key(self) -> dict:
         """This policy's own knobs, by config key (`inspect-data` reports them; a resume checks them)."""
@@ -220,7 +222,9 @@ class DataPolicy:
         """A validation batch of whole chunks (`counts` chunks per unit), each its own segment."""
         from ..batch import gather_packed
 
-        return gather_packed(split.tokens, starts, lengths, counts, self.max_seq_len)
+        return gather_packed(
+            split.tokens, starts, lengths, counts, self.max_seq_len, loss_mask=split.loss_mask
+        )
 
 
 class PackingPolicy(DataPolicy):

@@ -67,7 +67,12 @@ class PaddedPolicy(DataPolicy):
 
         lengths = layout.lengths(items)
         return gather_padded(
-            split.tokens, layout.starts(items), lengths, self._width(lengths), pad_token_id=split.eos_token_id
+            split.tokens,
+            layout.starts(items),
+            lengths,
+            self._width(lengths),
+            pad_token_id=split.eos_token_id,
+            loss_mask=split.loss_mask,
         )
 
     def resume_key(self) -> dict:
@@ -101,5 +106,10 @@ class PaddedPolicy(DataPolicy):
         from ..batch import gather_padded
 
         return gather_padded(
-            split.tokens, starts, lengths, self._width(lengths), pad_token_id=split.eos_token_id
+            split.tokens,
+            starts,
+            lengths,
+            self._width(lengths),
+            pad_token_id=split.eos_token_id,
+            loss_mask=split.loss_mask,
         )

@@ -82,9 +82,10 @@ class PrepackedPolicy(PackingPolicy):
         ends = layout.ends_document[items]
         if ends.any():  # the pair EOS -> next document's first token
             rows = torch.from_numpy((np.cumsum(lengths) - 1)[ends])
-            if self.config.document_mask:
+            if self.config.document_mask or split.loss_mask is not None:  # a loss mask never trains it
+                counted = int((out.targets[rows] != IGNORE_INDEX).sum())
                 out.targets[rows] = IGNORE_INDEX
-                out = replace(out, num_targets=out.num_targets - int(ends.sum()))
+                out = replace(out, num_targets=out.num_targets - counted)
             else:
                 first = split.offsets[layout.docs(items[ends]) + 1]
                 out.targets[rows] = torch.from_numpy(np.asarray(split.tokens[first], dtype=np.int64))

@@ -16,6 +16,8 @@ from typing import Any
 from ...errors import ConfigError, SourceError
 from ...plugins import MISSING, Registry
 from .base import Document, Part, PartSizes, Source, SourceConfig, documents
+from .chat import ChatConfig, ChatSource
+from .chatdocs import ChatdocsConfig, ChatdocsSource
 from .fineweb import FineWebConfig, FineWebSource
 from .local import LocalConfig, LocalSource
 from .pkgdocs import PkgdocsConfig, PkgdocsSource
@@ -27,7 +29,15 @@ SOURCES: Registry[Any] = Registry(
     PkgdocsSource,
     LocalSource,
     FineWebSource,
+    ChatSource,
+    ChatdocsSource,
 )
+
+
+def holds_conversations(config: SourceConfig) -> bool:
+    """Whether the source's documents are conversations (task=sft reads them, task=pretrain not)."""
+    kind = str(config.kind)
+    return kind in SOURCES and bool(getattr(SOURCES[kind], "conversations", False))
 
 
 def source_from_config(config: SourceConfig, sizes: PartSizes | None = None) -> Source:
@@ -72,6 +82,11 @@ def pydocs_documents():
 
 __all__ = [
     "SOURCES",
+    "ChatConfig",
+    "ChatSource",
+    "ChatdocsConfig",
+    "ChatdocsSource",
+    "holds_conversations",
     "Document",
     "FineWebConfig",
     "FineWebSource",

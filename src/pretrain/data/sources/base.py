@@ -15,6 +15,7 @@ from typing import ClassVar, Protocol
 
 from ...errors import ConfigError, SourceError
 from ...plugins import MISSING
+from .conversations import COLUMN, conversation_text
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Part:
     start: int = 0  # first module (pydocs), row (parquet) or byte (jsonl)
     stop: int = 0  # end of the slice, exclusive
     row: int = 0  # jsonl: the row number of the first line at `start` (for messages)
+    column: str = "text"  # what a row's document is: its `text`, or a conversation's `messages`
 
 
 @dataclass(frozen=True)
@@ -111,12 +113,19 @@ def unreadable_error(path, kind: str, error: BaseException) -> SourceError:
     return SourceError(f"{path}: cannot be read as {kind} ({type(error).__name__}: {error})")
 
 
-def row_text(path, row_number: int, row) -> str:
-    """The `text` of one row, or the error that names the row and what it holds instead."""
-    if not isinstance(row, dict) or "text" not in row:
+def row_text(path, row_number: int, row, column: str = "text") -> str:
+    """The document of one row (its `text`, or the canonical text of its `messages`), or the error
+    that names the row and what it holds instead."""
+    if not isinstance(row, dict) or column not in row:
         columns = sorted(row) if isinstance(row, dict) else type(row).__name__
-        raise SourceError(f"{path}: row {row_number} has no `text` column (columns: {columns})")
-    text = row["text"]
+        raise SourceError(f"{path}: row {row_number} has no `{column}` column (columns: {columns})")
+    return column_value(path, row_number, row[column], column)
+
+
+def column_value(path, row_number: int, text, column: str = "text") -> str:
+    """A row's `text` (a string), or its `messages` as a conversation's canonical text."""
+    if column == COLUMN:
+        return conversation_text(text, f"{path}: row {row_number}")
     if not isinstance(text, str):
         raise SourceError(f"{path}: row {row_number}: `text` is {type(text).__name__}, not a string")
     return text

@@ -65,7 +65,7 @@ def read_jsonl(part: Part) -> Iterator[Document]:
                 f"{part.path}: cannot be read as JSON lines "
                 f"(row {row_number}: {type(error).__name__}: {error})"
             ) from error
-        text = row_text(part.path, row_number, row)
+        text = row_text(part.path, row_number, row, part.column)
         if b"\\ud" in line or b"\\uD" in line:  # an escaped surrogate: only a pair is text
             try:
                 text.encode()
@@ -88,7 +88,7 @@ def read_json_array(part: Part) -> Iterator[Document]:
     if not isinstance(rows, list):
         raise SourceError(f"{part.path}: a JSON file must hold one array of rows or JSON lines")
     for row_number, row in enumerate(rows):
-        text = row_text(part.path, row_number, row)
+        text = row_text(part.path, row_number, row, part.column)
         try:
             text.encode()
         except UnicodeEncodeError as error:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ...errors import SourceError
-from .base import Document, Part, empty_file_error, unreadable_error
+from .base import Document, Part, column_value, empty_file_error, unreadable_error
 
 
 def open_parquet(path: str, filesystem=None):
@@ -55,14 +55,14 @@ class _ParquetReader:
         self.group: tuple[int, object] | None = None
 
     def texts(self, part: Part, filesystem=None) -> Iterator[tuple[int, object]]:
-        key = (part.path, _stat_key(part.path) if filesystem is None else None)
+        key = (part.path, part.column, _stat_key(part.path) if filesystem is None else None)
         if key != self.key:
             self.key, self.file, self.group = key, open_parquet(part.path, filesystem), None
         parquet = self.file
         assert parquet is not None
-        if "text" not in parquet.schema_arrow.names:
+        if part.column not in parquet.schema_arrow.names:
             raise SourceError(
-                f"{part.path}: row {part.start} has no `text` column "
+                f"{part.path}: row {part.start} has no `{part.column}` column "
                 f"(columns: {sorted(parquet.schema_arrow.names)})"
             )
         first = 0
@@ -72,7 +72,7 @@ class _ParquetReader:
             if lo < hi:
                 if self.group is None or self.group[0] != group:
                     try:
-                        column = parquet.read_row_group(group, columns=["text"]).column("text")
+                        column = parquet.read_row_group(group, columns=[part.column]).column(part.column)
                     except Exception as error:
                         raise unreadable_error(part.path, "parquet", error) from error
                     self.group = (group, column)
@@ -88,7 +88,6 @@ _READER = _ParquetReader()  # per process: a cache of the open file, not a setti
 
 def read_parquet(part: Part, filesystem=None) -> Iterator[Document]:
     name = Path(part.path).name
-    for row_number, text in _READER.texts(part, filesystem):
-        if not isinstance(text, str):
-            raise SourceError(f"{part.path}: row {row_number}: `text` is {type(text).__name__}, not a string")
+    for row_number, value in _READER.texts(part, filesystem):
+        text = column_value(part.path, row_number, value, part.column)
         yield Document(text=text, origin=f"{name}:{row_number}")
