@@ -10,6 +10,7 @@ config.json with `transformers` (the optional extra `.[hf]`); import reads them 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -167,23 +168,43 @@ def _write_tokenizer(directory: Path, hparams: dict, max_length: int) -> None:
             f"the tokenizer files {named} are not those the cache was built with "
             "(their content differs): give the original files with tokenizer.* overrides"
         )
+    chat = _chat_template(hparams, files)
     if isinstance(files, TokenizerJson):
-        _write_tokenizer_json(directory, files, max_length)
+        _write_tokenizer_json(directory, files, max_length, chat)
         return
     shutil.copyfile(files.vocab, directory / "vocab.json")
     shutil.copyfile(files.merges, directory / "merges.txt")
     build_tokenizer(files).save(str(directory / "tokenizer.json"))
     special = {"bos_token": EOS_TEXT, "eos_token": EOS_TEXT, "unk_token": EOS_TEXT}
     settings = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length, "add_prefix_space": False}
+    settings.update(chat)
     (directory / "tokenizer_config.json").write_text(json.dumps({**settings, **special}, indent=2) + "\n")
     (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
-def _write_tokenizer_json(directory: Path, files, max_length: int) -> None:
+def _chat_template(hparams: dict, files) -> dict:
+    """A task=sft run's chat template as tokenizer_config.json's `chat_template` (so apply_chat_template
+    renders what it trained on), checked against the sha256 its cache identity records; {} otherwise."""
+    from .data.ingest.chat import resolve_template
+
+    task = (hparams.get("run_config") or {}).get("task") or {}
+    recorded = ((hparams.get("cache_identity") or {}).get("chat") or {}).get("template_sha256")
+    if str(task.get("name")) != "sft" or not recorded:
+        return {}
+    template, origin = resolve_template(task.get("chat_template"), files)
+    if hashlib.sha256(template.encode()).hexdigest() != recorded:
+        raise CheckpointError(
+            f"the chat template {origin} is not the one the run trained with (its sha256 differs): "
+            "restore that template file"
+        )
+    return {"chat_template": template}
+
+
+def _write_tokenizer_json(directory: Path, files, max_length: int, chat: dict) -> None:
     """A tokenizer.json run: the file itself, and the settings AutoTokenizer reads (its EOS)."""
     shutil.copyfile(files.path, directory / "tokenizer.json")
     special = {"eos_token": files.eos_text}
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length}
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length, **chat}
     (directory / "tokenizer_config.json").write_text(json.dumps({**settings, **special}, indent=2) + "\n")
     (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
