@@ -138,7 +138,8 @@ def cmd_inspect(overrides: list[str], output: str | None) -> int:
         stats = inspect_split(
             settings, cache.split("train"), cache.split("validation"), packs_dir=cache.packs_dir
         )
-        stats["floors"] = spec_floors(spec, cache)
+        # task=sft: val/loss counts the trained targets only, which the floors do not single out
+        stats["floors"] = None if cache.masked else spec_floors(spec, cache)
         stats["source"] = source_summary(spec.source, cache)  # its size and where its text came from
     else:  # the mixed epoch, and each component's statistics under mixture.<name>
         mixture.check_policy(settings.policy)

@@ -18,6 +18,8 @@ PERCENT_KEYS = frozenset(
         "truncated_documents",
         "dropped_pairs",
         "fragmented_documents",
+        "trained_fraction",  # task=sft's loss-mask audit
+        "padding_waste_trained",
         # a mixture component's (mixture.<name>.*)
         "weight",
         "share",

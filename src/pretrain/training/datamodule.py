@@ -208,7 +208,8 @@ class PretrainDataModule(L.LightningDataModule):
         cache is not prepared (a run stopped while building it)."""
         if self._floors is None:
             if self.mixture is None:
-                if self.cache is not None:
+                # task=sft: val/loss counts the trained targets only, which the floors do not single out
+                if self.cache is not None and not self.cache.masked:
                     self._floors = spec_floors(self.spec, self.cache, self._scored_documents(self.cache))
             elif len(self.caches) == len(self.mixture.components):
                 self._floors = combined_floors(
