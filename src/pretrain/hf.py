@@ -1,16 +1,14 @@
 """Hugging Face round trip: export a checkpoint as a `GPT2LMHeadModel` directory, start training from one
 (a Llama checkpoint as a `LlamaForCausalLM` directory: its mapping and checks are hf_llama.py's).
 
-The model is GPT-2 exactly (tanh GELU = `gelu_new`, LayerNorm eps 1e-5, tied head); only the layout
-differs: GPT-2's Conv1D stores linear weights as (in, out) where `nn.Linear` has (out, in), and its
-keys carry a `transformer.` prefix (the hub's original files have none). Export writes safetensors and
-config.json with `transformers` (the optional extra `.[hf]`); import reads them with `safetensors` and
-`json` alone, so training never imports transformers.
+The model is GPT-2 exactly (tanh GELU = `gelu_new`, LayerNorm eps 1e-5, tied head); only the layout differs:
+GPT-2's Conv1D stores linear weights as (in, out) where `nn.Linear` has (out, in), and its keys carry a
+`transformer.` prefix. Export writes safetensors and config.json with transformers; import reads them with
+`safetensors` and `json` alone: training never imports transformers.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -154,6 +152,7 @@ def _model_card(checkpoint: dict, hparams: dict, architecture: str = "GPT2LMHead
 
 def _write_tokenizer(directory: Path, hparams: dict, max_length: int) -> None:
     from .config import TokenizerConfig
+    from .data.ingest.chat import trained_template
     from .data.ingest.tokenizer import EOS_TEXT, build_tokenizer
     from .data.ingest.tokenizer_json import TokenizerJson, resolve_tokenizer
 
@@ -168,7 +167,7 @@ def _write_tokenizer(directory: Path, hparams: dict, max_length: int) -> None:
             f"the tokenizer files {named} are not those the cache was built with "
             "(their content differs): give the original files with tokenizer.* overrides"
         )
-    chat = _chat_template(hparams, files)
+    chat = trained_template(hparams, files)
     if isinstance(files, TokenizerJson):
         _write_tokenizer_json(directory, files, max_length, chat)
         return
@@ -182,24 +181,6 @@ def _write_tokenizer(directory: Path, hparams: dict, max_length: int) -> None:
     (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
-def _chat_template(hparams: dict, files) -> dict:
-    """A task=sft run's chat template as tokenizer_config.json's `chat_template` (so apply_chat_template
-    renders what it trained on), checked against the sha256 its cache identity records; {} otherwise."""
-    from .data.ingest.chat import resolve_template
-
-    task = (hparams.get("run_config") or {}).get("task") or {}
-    recorded = ((hparams.get("cache_identity") or {}).get("chat") or {}).get("template_sha256")
-    if str(task.get("name")) != "sft" or not recorded:
-        return {}
-    template, origin = resolve_template(task.get("chat_template"), files)
-    if hashlib.sha256(template.encode()).hexdigest() != recorded:
-        raise CheckpointError(
-            f"the chat template {origin} is not the one the run trained with (its sha256 differs): "
-            "restore that template file"
-        )
-    return {"chat_template": template}
-
-
 def _write_tokenizer_json(directory: Path, files, max_length: int, chat: dict) -> None:
     """A tokenizer.json run: the file itself, and the settings AutoTokenizer reads (its EOS)."""
     shutil.copyfile(files.path, directory / "tokenizer.json")
@@ -210,8 +191,7 @@ def _write_tokenizer_json(directory: Path, files, max_length: int, chat: dict) -
 
 
 def check_export_output(output: Path | str) -> Path:
-    """`--output` must be a new (or empty) directory whose parent can be written: checked before the
-    checkpoint is loaded, so a wrong path costs nothing."""
+    """`--output` must be a new (or empty) directory with a writable parent: checked before loading."""
     output = Path(output).resolve()
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConfigError(f"--output {output} exists and is not an empty directory: pick a new one")

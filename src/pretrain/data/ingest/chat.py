@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ConfigError, SourceError
+from ...errors import CheckpointError, ConfigError, SourceError
 from ..sources.conversations import conversation_messages
 from .tokenizer import Encoder, TokenizerFiles, build_tokenizer
 
@@ -86,6 +86,23 @@ def resolve_template(setting: str | None, files: TokenizerFiles) -> tuple[str, s
             "template) or null (the tokenizer's own)"
         )
     return path.read_text(encoding="utf-8"), str(path.resolve())
+
+
+def trained_template(hparams: dict, files: TokenizerFiles) -> dict:
+    """A task=sft checkpoint's chat template as tokenizer_config.json's `chat_template` (so an export's
+    apply_chat_template renders what it trained on), checked against the sha256 its cache identity
+    records; {} for any other run."""
+    task = (hparams.get("run_config") or {}).get("task") or {}
+    recorded = ((hparams.get("cache_identity") or {}).get("chat") or {}).get("template_sha256")
+    if str(task.get("name")) != "sft" or not recorded:
+        return {}
+    template, origin = resolve_template(task.get("chat_template"), files)
+    if hashlib.sha256(template.encode()).hexdigest() != recorded:
+        raise CheckpointError(
+            f"the chat template {origin} is not the one the run trained with (its sha256 differs): "
+            "restore that template file"
+        )
+    return {"chat_template": template}
 
 
 def chat_settings(loss_mask: str, template_setting: str | None, files: TokenizerFiles) -> ChatSettings:
