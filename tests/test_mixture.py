@@ -264,7 +264,10 @@ def test_an_unknown_or_missing_source_names_the_component(tmp_path):
     assert line == "mixture.components.web.source.filez: no such key; source=local has: kind, files"
     with pytest.raises(
         ConfigError,
-        match=r"source\.files: no such key; source=pydocs has: kind; read by source=local, source=chat: choose",
+        match=(
+            r"source\.files: no such key; source=pydocs has: kind; read by source=local, source=chat: "
+            "choose"
+        ),
     ):
         _mixture_config(tmp_path, {"web": {"weight": 1, "source": {"kind": "pydocs", "files": ["a.jsonl"]}}})
     config = _mixture_config(
