@@ -164,7 +164,7 @@ def test_an_oserror_of_the_build_is_one_line_and_leaves_nothing(
     path = write_jsonl(tmp_path / "corpus.jsonl", texts[:30])
     failed: list[Path] = []
 
-    def full_disk(self, doc_ids, tokens, lengths):
+    def full_disk(self, doc_ids, tokens, lengths, mask=None):
         target = self.directory / f"{self.split}.bin"
         failed.append(target)
         raise OSError(code, os.strerror(code), str(target))
