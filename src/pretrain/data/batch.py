@@ -15,10 +15,9 @@ import torch
 
 from ..arrays import prefix_sums, run_positions
 from .chunking import Chunk
-from .tokens import EOS_TOKEN_ID
+from .tokens import EOS_TOKEN_ID, TRAINED
 
 IGNORE_INDEX = -100
-TRAINED_BIT = 1  # a loss-mask byte's bit 0: the target trains (data/ingest/chat.py writes it)
 PAD_TOKEN_ID = EOS_TOKEN_ID  # what a pad row's inputs hold (their targets are IGNORE_INDEX)
 
 
@@ -58,7 +57,7 @@ class PackedBatch:
 
 def trained_targets(loss_mask: np.ndarray, target_index: np.ndarray) -> np.ndarray:
     """Whether each target (a global token index) trains: bit 0 of its loss-mask byte (task=sft)."""
-    return (np.asarray(loss_mask[target_index]) & TRAINED_BIT).astype(bool)
+    return (np.asarray(loss_mask[target_index]) & TRAINED).astype(bool)
 
 
 def _cu_seqlens(lengths: np.ndarray) -> torch.Tensor:

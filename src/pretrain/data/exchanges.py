@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tokens import TokenSplit
+from .tokens import CUT, TokenSplit
 
-CUT_BIT = 2  # a loss-mask byte's bit 1: whole exchanges end before this token
 BLOCK = 4096  # long conversations examined at once: BLOCK x (max_seq_len + 2) bytes
 
 
@@ -41,7 +40,7 @@ def whole_exchanges(split: TokenSplit, max_seq_len: int) -> tuple[TokenSplit, Ex
     for first in range(0, len(long), BLOCK):
         docs = long[first : first + BLOCK]
         bytes_ = np.asarray(split.loss_mask[split.offsets[docs][:, None] + window[None, :]])
-        cuts = (bytes_ & CUT_BIT).astype(bool)
+        cuts = (bytes_ & CUT).astype(bool)
         cuts[:, :2] = False  # a cut before token 0 or 1 keeps no pair
         last = max_seq_len + 1 - np.argmax(cuts[:, ::-1], axis=1)
         lengths[docs] = np.where(cuts.any(axis=1), last, 0)

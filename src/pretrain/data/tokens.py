@@ -14,6 +14,10 @@ from ..errors import CacheError
 from ..gpt2 import EOS_TOKEN_ID, GPT2_VOCAB_SIZE
 from . import index
 
+# The loss-mask byte of a task=sft split (TokenSplit.loss_mask; written by data/ingest/chat.py):
+TRAINED = np.uint8(1)  # bit 0: the token is a trained target (the pair previous token -> it counts)
+CUT = np.uint8(2)  # bit 1: whole exchanges end just before this token (truncate cuts only there)
+
 __all__ = ["EOS_TOKEN_ID", "GPT2_VOCAB_SIZE", "DocumentIds", "TokenSplit"]  # the GPT-2 ids: pretrain.gpt2
 
 

@@ -28,10 +28,9 @@ import numpy as np
 
 from ...errors import CheckpointError, ConfigError, SourceError
 from ..sources.conversations import conversation_messages
+from ..tokens import CUT, TRAINED
 from .tokenizer import Encoder, TokenizerFiles, build_tokenizer
 
-TRAINED = np.uint8(1)
-CUT = np.uint8(2)
 BUNDLED_TEMPLATE = "plain"  # templates/plain.jinja: plain-text turns for tokenizers without one
 
 
