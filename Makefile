@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 # The numba packing kernels compiled into their on-disk cache at install (and after the kernels
 # change), not by the first run (~4 s, more on a loaded machine).
 KERNELS_STAMP := $(VENV)/.kernels-compiled
-$(KERNELS_STAMP): $(STAMP) src/pretrain/data/packing_kernels.py
-	$(PY) -m pretrain.data.packing_kernels
+$(KERNELS_STAMP): $(STAMP) src/pretrain/data/batching/packing_kernels.py
+	$(PY) -m pretrain.data.batching.packing_kernels
 	touch $(KERNELS_STAMP)
 
 install: $(STAMP) $(KERNELS_STAMP)

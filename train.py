@@ -3,10 +3,10 @@
 import sys
 
 try:
-    from pretrain import startup_collector
+    from pretrain.training import startup_collector
 
     startup_collector.pause()  # until the run's settings are known (startup_collector.py)
-    from pretrain.fast_exit import exit_now
+    from pretrain.cli.fast_exit import exit_now
     from pretrain.training.preemption import Interrupted, install_early
 except ModuleNotFoundError as missing:  # run outside the project's environment: say how to enter it
     print(
@@ -22,7 +22,7 @@ HELP_FLAGS = ("-h", "--help")
 def check_overrides(argv: list[str]) -> None:
     """Compose and check `argv` before Hydra starts (launch_checks.py): a multirun's every job; a
     single run is checked on Hydra's own composition instead (launch_checks.CheckBeforeRun)."""
-    from pretrain.launch_checks import check_overrides as check
+    from pretrain.cli.launch_checks import check_overrides as check
 
     check(argv)
 
@@ -41,8 +41,8 @@ def run() -> None:
 
     @hydra.main(config_path="conf", config_name="train", version_base="1.3")
     def main(cfg: DictConfig) -> None:
+        from pretrain.cli.launch_checks import checked_config
         from pretrain.errors import exit_on_user_error
-        from pretrain.launch_checks import checked_config
         from pretrain.training.run import train
 
         with exit_on_user_error():
@@ -57,7 +57,7 @@ def run() -> None:
         ]:  # stopped by a signal: 128 + its number (143 SIGTERM, 138 SIGUSR1, 130 Ctrl-C)
             raise SystemExit(summary["exit_code"])
 
-    from pretrain.launch_checks import MULTIRUN_FLAGS
+    from pretrain.cli.launch_checks import MULTIRUN_FLAGS
 
     argv = sys.argv[1:]
     if any(arg in HELP_FLAGS for arg in argv):
@@ -87,8 +87,8 @@ def run_single(main, argv: list[str]) -> None:
     full disk). Anything else keeps its traceback."""
     import os
 
+    from pretrain.cli.launch_checks import report_run_dir_write
     from pretrain.errors import exit_on_user_error, one_line_errors
-    from pretrain.launch_checks import report_run_dir_write
 
     before = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"

@@ -42,7 +42,7 @@ NAME = "fixed_costs"
 ROUNDS = 9  # each of the 3 arms first three times
 LADDER_ROUNDS = 2
 # Taken in turn each round, each first in turn: the run, the peer, and the run with the collector on
-# through its start-up (what src/pretrain/startup_collector.py saves).
+# through its start-up (what src/pretrain/training/startup_collector.py saves).
 ARMS = ["project", "peer", "collector on"]
 MAX_STEPS = 2
 # One validation, after the last update, as the peer does (auto would validate at both steps).

@@ -1,4 +1,4 @@
-"""What the floors (data/floors.py) cost beside the cache build they follow.
+"""What the floors (data/measures/floors.py) cost beside the cache build they follow.
 
 The embedded pydocs cache is built in a fresh root (timed), then its floors are computed (timed: the
 token byte table, counting every train pair, choosing λ, scoring the validation pairs, writing
@@ -29,9 +29,9 @@ def _timed(function):
 
 def _pydocs_row(root: Path) -> dict:
     from pretrain.config import load_config, to_config
-    from pretrain.data.floors import spec_floors
     from pretrain.data.ingest.cache import CacheSpec
     from pretrain.data.ingest.prepare import prepare_cache
+    from pretrain.data.measures.floors import spec_floors
 
     os.environ["PRETRAIN_CACHE_ROOT"] = str(root)
     spec = CacheSpec.from_config(to_config(load_config([])))
@@ -79,9 +79,9 @@ def _synthetic_rows(root: Path) -> list[dict]:
     import numpy as np
     from bench_cache import write_synthetic_cache
 
-    from pretrain.data.floors import split_floors
+    from pretrain.data.gpt2 import GPT2_VOCAB_SIZE
     from pretrain.data.ingest.verify import open_cache
-    from pretrain.gpt2 import GPT2_VOCAB_SIZE
+    from pretrain.data.measures.floors import split_floors
 
     cache = open_cache(write_synthetic_cache(root, SYNTHETIC_TOKENS), mode="quick")
     token_bytes = np.ones(GPT2_VOCAB_SIZE, dtype=np.int64)

@@ -23,10 +23,10 @@ import lightning as L
 import torch
 
 from pretrain.config import load_config, to_config
+from pretrain.data.batching.policies import PolicySettings
+from pretrain.data.batching.samplers import build_sampler
 from pretrain.data.ingest.cache import CacheSpec
 from pretrain.data.ingest.prepare import prepare_cache
-from pretrain.data.policies import PolicySettings
-from pretrain.data.samplers import build_sampler
 from pretrain.model import build_model, config_from_settings
 from pretrain.training.run import train
 from pretrain.training.startup import with_tokenizer_vocab

@@ -34,10 +34,10 @@ import torch
 from synthetic import fineweb_like_lengths
 
 from pretrain.config import TrainConfig
-from pretrain.data import packing
-from pretrain.data.chunking import chunk_table
-from pretrain.data.packing import best_fit_decreasing, concat_windows
-from pretrain.data.policies import (
+from pretrain.data.batching import packing
+from pretrain.data.batching.chunking import chunk_table
+from pretrain.data.batching.packing import best_fit_decreasing, concat_windows
+from pretrain.data.batching.policies import (
     BestfitConfig,
     BestfitPolicy,
     EpochPlan,
@@ -49,8 +49,8 @@ from pretrain.data.policies import (
     firstfit_layout,
     shuffled,
 )
-from pretrain.data.policies.layout import chunk_layout
-from pretrain.data.samplers import build_sampler
+from pretrain.data.batching.policies.layout import chunk_layout
+from pretrain.data.batching.samplers import build_sampler
 from pretrain.data.tokens import TokenSplit
 
 NAME = "packing"
@@ -361,7 +361,7 @@ def measure_validation(tokens: int = 8192, max_seq_len: int = 1024, whole_batch:
     """Peak RSS growth (MiB) of the tiny model (GPT-2 vocabulary) scoring one `tokens`-token validation
     microbatch without gradients, as training's validation does; `whole_batch` puts the head over
     the whole microbatch at once (the path before the chunked loss). Meaningful in a fresh process."""
-    from pretrain.data.batch import gather_packed
+    from pretrain.data.batching.batch import gather_packed
     from pretrain.data.tokens import GPT2_VOCAB_SIZE
     from pretrain.model import GPT, GPTConfig
     from pretrain.model.loss import eval_chunk_rows, token_cross_entropy

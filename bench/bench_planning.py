@@ -27,9 +27,8 @@ from pathlib import Path
 import numpy as np
 from synthetic import fineweb_like_lengths
 
-from pretrain.data import audit
-from pretrain.data.chunking import chunk_table
-from pretrain.data.policies import (
+from pretrain.data.batching.chunking import chunk_table
+from pretrain.data.batching.policies import (
     BestfitConfig,
     BestfitPolicy,
     EpochPlan,
@@ -39,6 +38,7 @@ from pretrain.data.policies import (
     packs,
     shuffled,
 )
+from pretrain.data.measures import audit
 from pretrain.data.tokens import TokenSplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

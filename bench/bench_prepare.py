@@ -131,8 +131,8 @@ def _cpu_seconds() -> float:
 
 
 def _worker_prepare(corpus: str, num_proc: int) -> dict:
+    from pretrain.cli.prepare import run_prepare
     from pretrain.config import load_config, to_config
-    from pretrain.prepare_tasks import run_prepare
 
     overrides = ["source=local", f"source.files=['{corpus}']", f"prepare.num_proc={num_proc}"]
     config = to_config(load_config(overrides))

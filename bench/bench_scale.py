@@ -12,7 +12,7 @@ memory are its own:
   memory-mapped, the best-fit sampler, validation chunks) and the first epoch plan; seconds and peak RSS
   (VmHWM) of the process, and the RSS it adds over the imports.
 
-* the plan of a 3-component data mixture (data/mixture.py; weights 0.6/0.3/0.1, max_repeat 1/2/4) over
+* the plan of a 3-component data mixture (batching/mixture.py; weights 0.6/0.3/0.1, max_repeat 1/2/4) over
   synthetic FineWeb-like chunk tables (lengths only: a plan reads no token) at each size and at 10B
   tokens itself (`BENCH_MIXTURE_TOKENS`, default 10e9): the per-seed permutations, then one epoch's
   interleaved table, in a fresh process; seconds and the peak RSS it adds. Every rank plans the same
@@ -103,8 +103,8 @@ def _mixture_plan(tokens: int) -> dict:
     from synthetic import fineweb_like_lengths
 
     from pretrain.arrays import prefix_sums
-    from pretrain.data.chunking import chunk_table
-    from pretrain.data.mixture import Mixture, MixturePlan
+    from pretrain.data.batching.chunking import chunk_table
+    from pretrain.data.batching.mixture import Mixture, MixturePlan
 
     baseline, _ = _hwm_mib()
     need = np.array([w / r for _, w, r in MIXTURE])

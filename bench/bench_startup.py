@@ -5,7 +5,7 @@ machine's load hits all alike), the fastest round counting. `lean` is what a run
 (pretrain.training installs training/lean_imports.py before Lightning); `integrations on` imports
 torchmetrics first, so that it loads transformers and matplotlib as it did before. Per variant: wall
 and CPU seconds, the cumulative import time of the heaviest packages, and which optional packages
-got loaded. Kernels: `python -m pretrain.data.packing_kernels` with an empty NUMBA_CACHE_DIR (a first
+got loaded. Kernels: `python -m pretrain.data.batching.packing_kernels` with an empty NUMBA_CACHE_DIR (a first
 run that compiles, as before `make install` compiled them ahead) and then again (the cache loaded).
 """
 
@@ -83,7 +83,7 @@ def _import_once(statement: str) -> dict:
 
 def _kernels(cache_dir: str) -> float:
     child = subprocess.run(
-        [sys.executable, "-m", "pretrain.data.packing_kernels"],
+        [sys.executable, "-m", "pretrain.data.batching.packing_kernels"],
         env=_env(NUMBA_CACHE_DIR=cache_dir),
         capture_output=True,
         text=True,

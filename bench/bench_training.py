@@ -17,10 +17,10 @@ import lightning as L
 import torch
 
 from pretrain.config import load_config, to_config
-from pretrain.data.evaluation import evaluation_batches, evaluation_chunks, validation_pairs
+from pretrain.data.batching.evaluation import evaluation_batches, evaluation_chunks, validation_pairs
+from pretrain.data.batching.policies import PolicySettings
 from pretrain.data.ingest.cache import CacheSpec
 from pretrain.data.ingest.prepare import prepare_cache
-from pretrain.data.policies import PolicySettings
 from pretrain.training.module import PretrainModule
 from pretrain.training.run import train
 

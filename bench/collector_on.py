@@ -1,5 +1,5 @@
 """`python bench/collector_on.py train.py [overrides]`: train.py with its start-up collector pause
-(src/pretrain/startup_collector.py) switched off, so bench_fixed_costs.py can show what the pause saves
+(training/startup_collector.py) switched off, so bench_fixed_costs.py can show what the pause saves
 beside the run as it is, in the same rounds."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import runpy
 import sys
 
-import pretrain.startup_collector as collector
+import pretrain.training.startup_collector as collector
 
 collector.pause = lambda: None  # the collector runs through start-up as in any Python program
 sys.argv = sys.argv[1:]

@@ -1,7 +1,7 @@
 """The peer of bench_fixed_costs.py: a minimal hand-written training loop over the same model and batches.
 
 `python bench/peer_loop.py BATCHES.pt OUT_DIR` imports torch and the model (pretrain.model, which
-imports pretrain.data.batch for the batch type), loads the batches a project run trained on (saved by
+imports pretrain.data.batching.batch for the batch type), loads the batches a project run trained on (saved by
 bench_fixed_costs.py: every update's microbatches and the validation batches), builds the same GPT
 with the run's seed, and does what the project's run does with them: AdamW updates normalised by
 each update's real targets (warmup and cosine as the run's schedule), the validation loss after the

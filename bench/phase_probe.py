@@ -46,7 +46,7 @@ def _after(owner, name: str, phase: str, once: bool = True) -> None:
 def main(out: str, script: str, argv: list[str]) -> None:
     # As train.py has it: the collector paused before any import (startup_collector.py), then
     # pretrain.training first, which installs training/lean_imports.py before Lightning.
-    importlib.import_module("pretrain.startup_collector").pause()
+    importlib.import_module("pretrain.training.startup_collector").pause()
     importlib.import_module("pretrain.training.run")
     import lightning as L
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from pretrain.data.batch import PackedBatch, gather_packed, gather_padded
-from pretrain.data.chunking import ChunkTable, chunk_table
-from pretrain.data.packing import best_fit_decreasing
+from pretrain.data.batching.batch import PackedBatch, gather_packed, gather_padded
+from pretrain.data.batching.chunking import ChunkTable, chunk_table
+from pretrain.data.batching.packing import best_fit_decreasing
 from pretrain.data.tokens import TokenSplit
 
 

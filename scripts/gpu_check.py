@@ -202,7 +202,7 @@ def model_checks(
     from synthetic import synthetic_chunks
 
     from pretrain.data import gather_packed, gather_padded
-    from pretrain.data.packing import best_fit_decreasing
+    from pretrain.data.batching.packing import best_fit_decreasing
     from pretrain.data.tokens import GPT2_VOCAB_SIZE
     from pretrain.model import GPT, GPTConfig
 

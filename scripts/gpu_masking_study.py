@@ -357,8 +357,8 @@ def cache_split(cache: CarriedCache, name: str):
 
 
 def policy_settings(setup: Setup, document_mask: bool, seed: int):
-    from pretrain.data.policies import PolicySettings, Strategy
-    from pretrain.data.policies.prepacked import PrepackedConfig
+    from pretrain.data.batching.policies import PolicySettings, Strategy
+    from pretrain.data.batching.policies.prepacked import PrepackedConfig
 
     data = PrepackedConfig(
         policy="prepacked",  # type: ignore[arg-type]
@@ -441,8 +441,8 @@ class Arm:
     def __init__(self, setup: Setup, cache: CarriedCache, splits: dict, document_mask: bool, seed: int):
         import torch
 
-        from pretrain.data.evaluation import evaluation_chunks, evaluation_units
-        from pretrain.data.samplers import build_sampler
+        from pretrain.data.batching.evaluation import evaluation_chunks, evaluation_units
+        from pretrain.data.batching.samplers import build_sampler
         from pretrain.model import GPT, GPTConfig
 
         self.setup, self.document_mask, self.seed = setup, document_mask, seed
@@ -509,7 +509,7 @@ class Arm:
 
     def validate(self) -> dict:
         """val/loss over the validation pairs and by position bucket (training's val/loss metrics)."""
-        from pretrain.data.evaluation import evaluation_batches, evaluation_positions
+        from pretrain.data.batching.evaluation import evaluation_batches, evaluation_positions
         from pretrain.training.scoring import score_batches
 
         batches = evaluation_batches(self.settings, self.validation, self.chunks, self.units)
@@ -564,7 +564,7 @@ def calibrate(setup: Setup, cache, splits, seconds: float, clock: Callable[[], f
     steady rate; one validation timed; each arm's composition audit put into `audits` (the seed does
     not change it). Each run is charged the later arm's start-up: the first arm's also holds what the
     process does once (CUDA context, kernels loaded on first use, the windows packed)."""
-    from pretrain.data.audit import composition_audit
+    from pretrain.data.measures.audit import composition_audit
 
     started = clock()
     rates, startups, updates, validation, audit = {}, {}, 0, 0.0, 0.0

@@ -12,13 +12,13 @@ from helpers.reference import union1d_concat_windows, unique_fragmented
 from synthetic import fineweb_like_lengths
 
 from pretrain.arrays import member_of_sorted, prefix_sums, sorted_unique
-from pretrain.data.audit import fragmented_documents
-from pretrain.data.chunking import ChunkTable, chunk_table
+from pretrain.data.batching.chunking import ChunkTable, chunk_table
+from pretrain.data.batching.packing import concat_windows
+from pretrain.data.batching.policies import EpochPlan, bestfit_layout, firstfit_layout, shuffled
+from pretrain.data.batching.policies.layout import chunk_layout
+from pretrain.data.batching.policies.packs import load_or_build_packs
 from pretrain.data.leaks import leaked_documents
-from pretrain.data.packing import concat_windows
-from pretrain.data.policies import EpochPlan, bestfit_layout, firstfit_layout, shuffled
-from pretrain.data.policies.layout import chunk_layout
-from pretrain.data.policies.packs import load_or_build_packs
+from pretrain.data.measures.audit import fragmented_documents
 from pretrain.data.tokens import TokenSplit
 
 

@@ -38,12 +38,12 @@ from hypothesis import strategies as st
 
 from pretrain.cli import main as cli_main
 from pretrain.data import index as index_module
-from pretrain.data.evaluation import evaluation_batches, evaluation_chunks
+from pretrain.data.batching.evaluation import evaluation_batches, evaluation_chunks
+from pretrain.data.batching.samplers import build_sampler
 from pretrain.data.ingest import verify as cache_module
 from pretrain.data.ingest.cache import CacheError, disk_bytes, identity_key, manifest_checksum
 from pretrain.data.ingest.tokenizer import bundled_files
 from pretrain.data.ingest.writer import SplitWriter
-from pretrain.data.samplers import build_sampler
 from pretrain.errors import ConfigError
 
 cache_root = module_cache_root()
@@ -351,7 +351,7 @@ sys.path.insert(0, {tests!r})
 from helpers import cache_spec, compose, policy_cfg
 os.environ.update({env!r})  # helpers.env points these at its own temporary directories
 from pretrain.data.ingest.prepare import prepare_cache, verify_existing
-from pretrain.data.samplers import build_sampler
+from pretrain.data.batching.samplers import build_sampler
 from pretrain.errors import CacheError
 
 directory = Path({directory!r})

@@ -16,7 +16,7 @@ from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pretrain.checkpoint_files import (
+from pretrain.checkpoints.files import (
     CheckpointWarning,
     newest_valid_checkpoint,
     record_path,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretrain.data.chunking import MAX_SEQ_LEN, check_max_seq_len, chunk_table, split_tokens
+from pretrain.data.batching.chunking import MAX_SEQ_LEN, check_max_seq_len, chunk_table, split_tokens
 from pretrain.data.tokens import EOS_TOKEN_ID, TokenSplit
 
 # Powers of two plus one (a cut lands one past a round length), the extremes 2 and 4096, anything.

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import DESIGN_KEYS, POLICIES
 
-from pretrain.cli import parse_args
+from pretrain.cli.command import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,7 +88,7 @@ def test_inspect_data_writes_every_design_key(tmp_path, env, policy):
     assert DESIGN_KEYS <= set(stats)
     assert stats["train_validation_overlap"] == 0
     assert stats["prediction_pairs"] == stats["raw_tokens"] - stats["documents"]
-    # The floors (data/floors.py) are on every validation pair: the ones `pretrain eval` scores.
+    # The floors (data/measures/floors.py) are on every validation pair: the ones `pretrain eval` scores.
     floors = stats["floors"]
     assert floors["validation_pairs"] == stats["validation"]["prediction_pairs"] > 0
     assert 0 < floors["bigram"]["nats"] < floors["unigram"]["nats"] and 0 < floors["bigram"]["lambda"] < 1

@@ -16,7 +16,8 @@ import pytest
 import yaml
 from scipy import stats
 
-from pretrain.cli import main, parse_args
+from pretrain.cli import main
+from pretrain.cli.command import parse_args
 from pretrain.errors import ConfigError
 from pretrain.report.arm_table import arm_table
 from pretrain.report.arms import group_arms

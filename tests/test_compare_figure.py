@@ -17,8 +17,8 @@ from matplotlib.text import Text
 from omegaconf import OmegaConf
 
 from pretrain.config import to_config
-from pretrain.data.policies import PolicySettings
-from pretrain.data.stats import inspect_split
+from pretrain.data.batching.policies import PolicySettings
+from pretrain.data.measures.stats import inspect_split
 from pretrain.report.compare import compare
 from pretrain.report.figure import TIME_AXIS, TOKENS_AXIS, figure, plot
 from pretrain.report.figure_bars import SPEED_TITLE, TRUNCATION_TITLE, WASTE_TITLE, percent
@@ -264,8 +264,8 @@ def test_percent_labels_never_read_minus_zero(value, text):
 def test_a_mixture_run_is_compared_with_every_layout_that_can_mix_on_its_mixed_epoch(tmp_path, make_cfg):
     """A mixture's run.json names each component's cache (`cache_dirs`, no `cache_dir`): the layout
     bars are those of its mixed epoch, as `inspect-data` computes them on the mixture."""
+    from pretrain.data.batching.mixture import MixtureSpec
     from pretrain.data.ingest.prepare import prepare_cache
-    from pretrain.data.mixture import MixtureSpec
 
     second = tmp_path / "second.jsonl"
     second.write_text(

@@ -17,7 +17,8 @@ from helpers import POLICIES
 from scipy import stats
 from wandb_records import OfflineRun, finished_run_file
 
-from pretrain.cli import main, parse_args
+from pretrain.cli import main
+from pretrain.cli.command import parse_args
 from pretrain.errors import ConfigError
 from pretrain.report.arm_metrics import common_reach, tokens_to_reach
 from pretrain.report.arm_render import WANDB_COLUMNS, markdown

@@ -13,9 +13,9 @@ from helpers import packing_policies, policy_cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretrain.data.batch import IGNORE_INDEX
-from pretrain.data.evaluation import evaluation_batches
-from pretrain.data.samplers import build_sampler
+from pretrain.data.batching.batch import IGNORE_INDEX
+from pretrain.data.batching.evaluation import evaluation_batches
+from pretrain.data.batching.samplers import build_sampler
 from pretrain.data.tokens import EOS_TOKEN_ID, TokenSplit
 
 ARMS = {

@@ -18,7 +18,7 @@ from pretrain import errors
 from pretrain.attention_backends import BACKENDS
 from pretrain.config import GROUPS as TYPED
 from pretrain.config import Config, MixtureConfig, load_config, to_config
-from pretrain.data.policies import REGISTRY, PackingConfig
+from pretrain.data.batching.policies import REGISTRY, PackingConfig
 
 # experiment and study_arm options are @package _global_ (tested by their own tests below)
 GROUPS = sorted(

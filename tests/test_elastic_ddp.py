@@ -16,10 +16,10 @@ import pytest
 from helpers import POLICIES, SHARED_CACHE, module_cache_root
 
 from pretrain.config import load_config, to_config
+from pretrain.data.batching.policies import REGISTRY, PolicySettings
+from pretrain.data.batching.samplers import build_sampler
 from pretrain.data.ingest.cache import CacheSpec
 from pretrain.data.ingest.prepare import prepare_cache
-from pretrain.data.policies import REGISTRY, PolicySettings
-from pretrain.data.samplers import build_sampler
 
 REPO = Path(__file__).resolve().parents[1]
 cache_root = module_cache_root(SHARED_CACHE)

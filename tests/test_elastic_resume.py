@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_samplers import CASES, case_cfg, random_split
 
-from pretrain.data.samplers import STATE_VERSION, build_sampler, check_resume
+from pretrain.data.batching.samplers import STATE_VERSION, build_sampler, check_resume
 from pretrain.errors import ConfigError
 
 # (world size, train.batch_size) before and after the resume.

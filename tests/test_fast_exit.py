@@ -11,7 +11,7 @@ from helpers.env import REPO
 PROGRAM = """
 import atexit, logging, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
-from pretrain.fast_exit import exit_now
+from pretrain.cli.fast_exit import exit_now
 
 pool = ThreadPoolExecutor(2)  # idle workers left running (inductor's compile pool): never joined as is
 pool.submit(print, "pool job ran").result()

@@ -16,7 +16,7 @@ import torch
 from helpers import POLICIES, SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import cli
-from pretrain.checkpoint_files import (
+from pretrain.checkpoints.files import (
     load_checkpoint,
     newest_valid_checkpoint,
     record_path,

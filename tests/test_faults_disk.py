@@ -16,8 +16,8 @@ import pytest
 import torch
 from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
-from pretrain import checkpoint_files as checkpoints
 from pretrain import cli, fileio
+from pretrain.checkpoints import files as checkpoints
 from pretrain.config import load_config
 from pretrain.errors import CheckpointError, ConfigError, WriteError
 from pretrain.hf import init_from, read_hf_config

@@ -17,7 +17,7 @@ import torch
 from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
 from pretrain import cli, fileio
-from pretrain.checkpoint_files import newest_valid_checkpoint
+from pretrain.checkpoints.files import newest_valid_checkpoint
 from pretrain.config import load_config, to_config
 from pretrain.errors import CheckpointError, ConfigError
 from pretrain.training.run import train
@@ -328,7 +328,7 @@ def test_a_checkpoint_with_a_tensor_of_another_shape_is_one_line_in_training_and
 ):
     import torch
 
-    from pretrain.checkpoint_files import save_verified
+    from pretrain.checkpoints.files import save_verified
 
     checkpoint = torch.load(saved_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     name = next(k for k in checkpoint["state_dict"] if k.endswith("ln_f.weight"))
@@ -359,7 +359,7 @@ def test_an_infinite_or_nan_mixture_weight_is_refused(weight, says):
 def test_a_huge_open_bins_is_capped_at_the_number_of_chunks():
     import numpy as np
 
-    from pretrain.data.packing import first_fit_online
+    from pretrain.data.batching.packing import first_fit_online
 
     lengths = np.array([5, 9, 3, 7, 12, 2], dtype=np.int32)
     capped = first_fit_online(lengths, 16, 10**9)  # would allocate four arrays of 10**9
@@ -374,15 +374,15 @@ def _mixed_sampler(small_tokens: int, batch_size: int, caplog):
     import numpy as np
     from helpers import policy_cfg
 
-    from pretrain.data.mixture import mix_splits
-    from pretrain.data.samplers import build_sampler
+    from pretrain.data.batching.mixture import mix_splits
+    from pretrain.data.batching.samplers import build_sampler
     from pretrain.data.tokens import TokenSplit
 
     big = TokenSplit.from_lengths(np.full(200, 40), seed=1)
     small = TokenSplit.from_lengths(np.array([small_tokens]), seed=2)
     split, mixture = mix_splits([big, small], ("web", "tiny"), (0.5, 0.5), (1, 1))
     settings = policy_cfg("bestfit", "data.max_seq_len=32", f"train.batch_size={batch_size}")
-    with caplog.at_level("WARNING", logger="pretrain.data.mixture"):
+    with caplog.at_level("WARNING", logger="pretrain.data.batching.mixture"):
         return build_sampler(settings, split, mixture=mixture)
 
 
@@ -392,7 +392,7 @@ def test_a_component_too_small_for_one_batch_is_named_and_a_tiny_mixed_epoch_war
     from pretrain.training.fit import EpochFits
 
     sampler = _mixed_sampler(5, 4, caplog)
-    warned = [r.getMessage() for r in caplog.records if r.name == "pretrain.data.mixture"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "pretrain.data.batching.mixture"]
     assert len(warned) == 1 and warned[0].startswith("the mixed epoch is only ")
     assert "mixture component 'tiny' limits it (" in warned[0]
     trainer = SimpleNamespace(datamodule=SimpleNamespace(train_sampler=sampler), world_size=1)
@@ -403,7 +403,7 @@ def test_a_component_too_small_for_one_batch_is_named_and_a_tiny_mixed_epoch_war
     assert "mixture component 'tiny' limits it" in message and "raise that component's budget" in message
     caplog.clear()
     _mixed_sampler(4000, 1, caplog)  # a component of 4,000 tokens: no warning
-    assert not [r for r in caplog.records if r.name == "pretrain.data.mixture"]
+    assert not [r for r in caplog.records if r.name == "pretrain.data.batching.mixture"]
 
 
 # --- item 11: the default warmup fits a short run; a warmup the user sets is checked as given -------

@@ -15,10 +15,11 @@ from helpers import REPO, TINY_RUN, module_cache_root
 from helpers.tiny_models import gpt, llama
 from helpers.trained_tokenizers import small_bpe
 
-from pretrain import hf_llama
 from pretrain.config import load_config
 from pretrain.errors import CheckpointError, ConfigError
-from pretrain.hf import gpt2_config, init_from, to_hf_state_dict
+from pretrain.hf import gpt2 as hf_gpt2
+from pretrain.hf import init_from
+from pretrain.hf import llama as hf_llama
 from pretrain.training.run import train
 from pretrain.training.startup import RunSettings
 
@@ -51,7 +52,7 @@ def _llama_directory(directory: Path, **edits) -> Path:
     """A LlamaForCausalLM directory of helpers.tiny_models.llama(), written without transformers."""
     model = llama()
     directory.mkdir(parents=True)
-    config = {"model_type": "llama", **hf_llama.llama_config(model.config, eos_token_id=0), **edits}
+    config = {"model_type": "llama", **hf_llama.hf_config(model.config, eos_token_id=0), **edits}
     (directory / "config.json").write_text(json.dumps(config))
     safetensors_torch.save_file(
         hf_llama.to_hf_state_dict(model.state_dict()), str(directory / "model.safetensors")
@@ -84,9 +85,9 @@ def test_init_from_refuses_weights_that_are_not_floating_point(tmp_path, dtype):
     model = gpt()
     directory = tmp_path / "hf"
     directory.mkdir()
-    config = {"model_type": "gpt2", **gpt2_config(model.config)}
+    config = {"model_type": "gpt2", **hf_gpt2.hf_config(model.config)}
     (directory / "config.json").write_text(json.dumps(config))
-    weights = to_hf_state_dict(model.state_dict())
+    weights = hf_gpt2.to_hf_state_dict(model.state_dict())
     weights["transformer.h.0.mlp.c_fc.weight"] = weights["transformer.h.0.mlp.c_fc.weight"].to(dtype)
     safetensors_torch.save_file(weights, str(directory / "model.safetensors"))
     before = model.state_dict()["h.0.mlp.c_fc.weight"].clone()

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from helpers import local_overrides, write_jsonl
 
-from pretrain import machine_load
 from pretrain.config import load_config, to_config
 from pretrain.data.ingest.cache import CacheSpec
 from pretrain.data.ingest.prepare import prepare_cache
+from pretrain.training import machine_load
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Floors (data/floors.py): the unigram, Jelinek-Mercer and Kneser-Ney bigram cross-entropy of a
+"""Floors (data/measures/floors.py): the unigram, Jelinek-Mercer and Kneser-Ney bigram cross-entropy of a
 hand-made cache's validation pairs, recomputed here with plain loops and Counter; the first N
 validation documents (what val/loss scores under train.val_batches); the sample above the cap; a mixture's
 pooled floors; and floors.json: reused, recomputed for a rebuilt cache, written atomically under a lock."""
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from filelock import FileLock, Timeout
 
-from pretrain.data import floors as floors_module
-from pretrain.data.floors import FLOORS, cache_floors, combined_floors, split_floors
 from pretrain.data.ingest.cache import Cache
 from pretrain.data.ingest.writer import SplitWriter
+from pretrain.data.measures import floors as floors_module
+from pretrain.data.measures.floors import FLOORS, cache_floors, combined_floors, split_floors
 from pretrain.data.tokens import TokenSplit
 
 VOCAB = 7
@@ -368,7 +368,7 @@ def test_inspect_data_reports_the_caches_floors(parquet_file, cache_root, tmp_pa
 
 
 def test_recorded_floors_are_read_without_computing_and_only_for_the_same_files(tmp_path):
-    from pretrain.data.floors import recorded_floors
+    from pretrain.data.measures.floors import recorded_floors
 
     directory = tmp_path / "cache"
     cache = hand_cache(directory)

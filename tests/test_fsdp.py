@@ -1,5 +1,5 @@
 """trainer=fsdp (FSDP2 through Lightning's ModelParallelStrategy, training/fsdp.py) and its sharded
-checkpoints (sharded_checkpoint.py).
+checkpoints (checkpoints/sharded.py).
 
 Unit tier: the sharded model on one gloo rank in this process equals the plain one (loss, gradients,
 evaluation, with activation checkpointing too); a DCP directory reads back as a file checkpoint whose
@@ -28,7 +28,7 @@ from helpers import SHARED_CACHE, module_cache_root
 from helpers.tiny_models import batch, gpt, llama, loss_and_grads
 
 from pretrain import cli
-from pretrain.checkpoint_files import load_checkpoint, record_path, write_record
+from pretrain.checkpoints.files import load_checkpoint, record_path, write_record
 from pretrain.config import load_config, to_config
 from pretrain.errors import CheckpointError, ConfigError
 from pretrain.model.activation_checkpointing import apply_activation_checkpointing

@@ -50,7 +50,7 @@ class FakeClock:
 @pytest.fixture
 def small_cache(tmp_path, corpus_texts):
     """A local cache of the fixture corpus with a fifth for validation, and its floors.json."""
-    from pretrain.data.floors import spec_floors
+    from pretrain.data.measures.floors import spec_floors
 
     files = [write_parquet(tmp_path / "corpus.parquet", corpus_texts)]
     cfg = compose(*local_overrides(files), "split.validation_fraction=0.2")

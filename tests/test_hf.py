@@ -19,13 +19,14 @@ import pytest
 import torch
 from helpers import REPO, SHARED_CACHE, cli_env, module_cache_root
 
-from pretrain.checkpoint_files import load_checkpoint
+from pretrain.checkpoints.files import load_checkpoint
 from pretrain.config import load_config, to_config
 from pretrain.data import TokenSplit, chunk_table, gather_packed
 from pretrain.errors import ConfigError
-from pretrain.evaluate import evaluate, evaluate_checkpoint
-from pretrain.hf import export, init_from, model_weights
+from pretrain.hf import export, init_from
+from pretrain.hf.roundtrip import model_weights
 from pretrain.model import GPT, GPTConfig
+from pretrain.training.evaluate import evaluate, evaluate_checkpoint
 from pretrain.training.run import train
 
 transformers = pytest.importorskip("transformers")
@@ -222,10 +223,10 @@ def test_eval_is_the_same_for_every_policy_and_counts_every_pair(trained):
 
 def test_a_reimported_model_starts_at_the_eval_loss(trained, exported):
     result = evaluate_checkpoint(trained, ["data=bestfit"])
+    from pretrain.data.batching.policies import PolicySettings
     from pretrain.data.ingest.cache import CacheSpec
     from pretrain.data.ingest.prepare import prepare_cache
     from pretrain.data.ingest.tokenizer import token_byte_lengths
-    from pretrain.data.policies import PolicySettings
 
     config = to_config(load_config([*BASE, f"model.init_from={exported}"]))
     model = GPT(GPTConfig.from_settings(config.model), attn="sdpa")
@@ -305,7 +306,7 @@ def test_only_export_imports_transformers():
     assert importers == [
         ("data/ingest/chat.py", 8),
         ("downstream/harness.py", 4),
-        ("hf.py", 8),
+        ("hf/roundtrip.py", 8),
     ]  # inside functions
 
 

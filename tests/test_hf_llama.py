@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from pretrain import hf_llama
 from pretrain.data import gather_packed
-from pretrain.data.batch import one_segment_per_pack
+from pretrain.data.batching.batch import one_segment_per_pack
 from pretrain.errors import ConfigError
 from pretrain.hf import check_init_from, init_from
+from pretrain.hf import llama as hf_llama  # the Llama mapping
 from pretrain.model import Llama, LlamaConfig, build_model
 
 transformers = pytest.importorskip("transformers")
@@ -41,7 +41,7 @@ def ours(cfg: LlamaConfig, seed: int = 0) -> Llama:
 
 
 def theirs(model: Llama):
-    hf_config = transformers.LlamaConfig(**hf_llama.llama_config(model.config, eos_token_id=VOCAB - 1))
+    hf_config = transformers.LlamaConfig(**hf_llama.hf_config(model.config, eos_token_id=VOCAB - 1))
     hf = transformers.LlamaForCausalLM(hf_config).eval()
     missing, unexpected = hf.load_state_dict(hf_llama.to_hf_state_dict(model.state_dict()), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied: lm_head is the embedding
@@ -103,7 +103,7 @@ def test_weights_map_both_ways():
         exported = hf_llama.to_hf_state_dict(model.state_dict())
         assert all(key.startswith("model.") or key == "lm_head.weight" for key in exported)
         assert ("lm_head.weight" in exported) is not tied
-        back = hf_llama.from_hf_state_dict(exported, tied)
+        back = hf_llama.from_hf_state_dict(exported, model.config)
         assert back.keys() == model.state_dict().keys()
         assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
 
@@ -113,7 +113,7 @@ def test_a_tied_model_refuses_a_different_head():
     exported = hf_llama.to_hf_state_dict(model.state_dict())
     exported["lm_head.weight"] = exported["model.embed_tokens.weight"] + 1
     with pytest.raises(ConfigError, match="tie_embeddings=false"):
-        hf_llama.from_hf_state_dict(exported, tied=True)
+        hf_llama.from_hf_state_dict(exported, model.config)
 
 
 def test_init_from_loads_a_transformers_directory(tmp_path):

@@ -13,8 +13,9 @@ import pytest
 from helpers import SHARED_CACHE, TINY_RUN, cli_env, module_cache_root
 from hydra import compose, initialize_config_dir
 
-from pretrain import launch_checks, startup_collector
+from pretrain.cli import launch_checks
 from pretrain.config import CONFIG_NAME, config_dir, load_config, register_schema, to_config
+from pretrain.training import startup_collector
 from pretrain.training.startup import RunSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +31,7 @@ def counted(self, *args, **kwargs):
     composed.append(kwargs.get("run_mode") or args[2])
     return load(self, *args, **kwargs)
 ConfigLoaderImpl.load_configuration = counted
-import pretrain.launch_checks as checks
+import pretrain.cli.launch_checks as checks
 check = checks.check_overrides
 checked_with = []
 def recorded(argv):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretrain import launch_checks, machine_load
+from pretrain.cli import launch_checks
 from pretrain.config import (
     AUTO_VALIDATIONS,
     TrainConfig,
@@ -22,6 +22,7 @@ from pretrain.config import (
 )
 from pretrain.errors import ConfigError
 from pretrain.report import arm_table
+from pretrain.training import machine_load
 
 READ_LOAD = machine_load.load_per_cpu  # the real reading (the fixture patches the module's)
 

@@ -19,7 +19,7 @@ from helpers import compose
 
 from pretrain.config import to_config
 from pretrain.data import gather_packed
-from pretrain.data.batch import IGNORE_INDEX, one_segment_per_pack
+from pretrain.data.batching.batch import IGNORE_INDEX, one_segment_per_pack
 from pretrain.errors import ConfigError
 from pretrain.model import GPT, GPTConfig, Llama, LlamaConfig, build_model, config_from_dict
 from pretrain.model.flops import parameter_count

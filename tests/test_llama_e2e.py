@@ -18,13 +18,14 @@ import torch
 from helpers import REPO, cli_env, module_cache_root
 from helpers.trained_tokenizers import small_bpe
 
-from pretrain.checkpoint_files import load_checkpoint
+from pretrain.checkpoints.files import load_checkpoint
 from pretrain.config import load_config
 from pretrain.data import gather_packed
 from pretrain.data.ingest.tokenizer_json import resolve_tokenizer
-from pretrain.evaluate import evaluate_checkpoint
-from pretrain.hf import export, init_from, model_weights
+from pretrain.hf import export, init_from
+from pretrain.hf.roundtrip import model_weights
 from pretrain.model import Llama, build_model, config_from_dict
+from pretrain.training.evaluate import evaluate_checkpoint
 from pretrain.training.run import train
 
 transformers = pytest.importorskip("transformers")

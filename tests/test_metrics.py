@@ -14,13 +14,13 @@ from helpers import POLICIES, TINY_RUN, module_cache_root, settings_of, split_of
 
 from pretrain.config import load_config
 from pretrain.data import gather_packed
-from pretrain.data.audit import batch_attention_cost
-from pretrain.data.batch import IGNORE_INDEX
-from pretrain.data.evaluation import evaluation_batches, evaluation_positions, evaluation_units
-from pretrain.data.policies import split_chunks
+from pretrain.data.batching.batch import IGNORE_INDEX
+from pretrain.data.batching.evaluation import evaluation_batches, evaluation_positions, evaluation_units
+from pretrain.data.batching.policies import split_chunks
+from pretrain.data.measures.audit import batch_attention_cost
 from pretrain.errors import ConfigError
-from pretrain.evaluate import evaluate
 from pretrain.model import GPT, GPTConfig
+from pretrain.training.evaluate import evaluate
 from pretrain.training.module import update_attention_cost
 from pretrain.training.run import train
 from pretrain.training.scoring import POSITION_BUCKETS, position_buckets, score_batches

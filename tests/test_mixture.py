@@ -1,4 +1,4 @@
-"""Data mixtures (data/mixture.py): the epoch plan's shares, repeats and parts, the mixed split, the
+"""Data mixtures (data/batching/mixture.py): the epoch plan's shares, repeats and parts, the mixed split, the
 sampler's resume key and per-component tokens, the config's one-line errors and normalisation,
 `pretrain inspect-data` per component, and a tiny training run's train/tokens/<name> and val/loss/<name>."""
 
@@ -13,7 +13,7 @@ import torch
 from helpers import compose, policies_where, policy_cfg
 
 from pretrain.config import to_config
-from pretrain.data.evaluation import (
+from pretrain.data.batching.evaluation import (
     evaluation_batches,
     evaluation_chunks,
     evaluation_positions,
@@ -21,9 +21,9 @@ from pretrain.data.evaluation import (
     scored_documents,
     validation_pairs,
 )
-from pretrain.data.mixture import MixturePlan, MixtureSpec, mix_splits, update_shares
-from pretrain.data.policies import split_chunks
-from pretrain.data.samplers import build_sampler
+from pretrain.data.batching.mixture import MixturePlan, MixtureSpec, mix_splits, update_shares
+from pretrain.data.batching.policies import split_chunks
+from pretrain.data.batching.samplers import build_sampler
 from pretrain.data.tokens import TokenSplit
 from pretrain.errors import ConfigError, SourceError
 
@@ -105,7 +105,7 @@ def test_a_component_with_more_data_than_its_share_contributes_a_different_part_
 
 
 def test_truncate_mixes_only_each_documents_first_chunk():
-    from pretrain.data.policies.layout import first_chunk_ids
+    from pretrain.data.batching.policies.layout import first_chunk_ids
 
     split, _, table, _ = _plan()
     first = first_chunk_ids(table)
@@ -225,10 +225,10 @@ def test_weights_that_do_not_sum_to_one_are_normalised_with_one_line(tmp_path, c
             "web": {"weight": 1, "source": {"kind": "local", "files": files}},
         },
     )
-    with caplog.at_level(logging.WARNING, logger="pretrain.data.mixture"):
+    with caplog.at_level(logging.WARNING, logger="pretrain.data.batching.mixture"):
         spec = MixtureSpec.from_config(config)
     assert spec is not None and [c.weight for c in spec.components] == [0.75, 0.25]
-    lines = [r.getMessage() for r in caplog.records if r.name == "pretrain.data.mixture"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "pretrain.data.batching.mixture"]
     assert lines == ["mixture weights sum to 4, not 1: normalised to docs=0.75, web=0.25"]
     # Each component is its own cache: the pydocs one is the single-source run's cache.
     plain = to_config(compose())
@@ -331,7 +331,7 @@ def test_inspect_data_reports_each_component(tmp_path):
     # The mixed epoch's real tokens are the components' (a packing policy trains every planned chunk).
     assert stats["prediction_pairs"] >= docs["available_tokens"] + web["available_tokens"]
     # A training run's data module reports the same (what goes into the W&B config as data/...).
-    from pretrain.data.policies import PolicySettings
+    from pretrain.data.batching.policies import PolicySettings
     from pretrain.training.datamodule import PretrainDataModule
     from pretrain.training.loggers import flat_statistics
 
@@ -345,7 +345,7 @@ def test_inspect_data_reports_each_component(tmp_path):
     assert flat["data/mixture/pydocs/tokens"] == docs["tokens"]
     assert flat["data/validation/scored_pairs"] == stats["validation"]["scored_pairs"]
     # Floors: each component's, of its own cache, and over all their validation pairs at the top.
-    from pretrain.data.floors import spec_floors
+    from pretrain.data.measures.floors import spec_floors
 
     for component in spec.components:
         own = spec_floors(component.cache, datamodule.caches[component.name])
@@ -357,10 +357,10 @@ def test_inspect_data_reports_each_component(tmp_path):
 
 
 def test_training_logs_tokens_and_validation_loss_per_component(tmp_path):
-    from pretrain.checkpoint_files import load_trainer_checkpoint
+    from pretrain.checkpoints.files import load_trainer_checkpoint
     from pretrain.config import load_config
+    from pretrain.data.batching.policies import PolicySettings
     from pretrain.data.ingest.prepare import prepare_cache
-    from pretrain.data.policies import PolicySettings
     from pretrain.model import GPT, GPTConfig
     from pretrain.training.run import train
     from pretrain.training.scoring import score_batches
@@ -395,7 +395,7 @@ def test_training_logs_tokens_and_validation_loss_per_component(tmp_path):
         nats, targets = nats + float(sums.nats), targets + float(sums.targets)
     assert metrics["val/loss"] == pytest.approx(nats / targets, rel=1e-5)
     # `pretrain eval`: every validation pair of each component, and the overall loss over all of them.
-    from pretrain.evaluate import evaluate_checkpoint
+    from pretrain.training.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(out / "checkpoints" / "last.ckpt")
     parts = result["components"]
@@ -408,7 +408,7 @@ def test_training_logs_tokens_and_validation_loss_per_component(tmp_path):
     record = json.loads((out / "run.json").read_text())
     assert "cache_dir" not in record and set(record["cache_dirs"]) == {"pydocs", "repo"}
     # Its floors: each component's, pooled over their validation pairs as val/loss pools them.
-    from pretrain.data.floors import combined_floors, spec_floors
+    from pretrain.data.measures.floors import combined_floors, spec_floors
 
     def scored(cache):  # the validation documents val/loss scored (train.val_batches: the first ones)
         return scored_documents(cache.split("validation"), validation_pairs(settings))

@@ -416,7 +416,7 @@ class _LargestLogits(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def gpt2_vocab_model(max_seq_len=1024):
-    from pretrain.gpt2 import GPT2_VOCAB_SIZE
+    from pretrain.data.gpt2 import GPT2_VOCAB_SIZE
 
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=GPT2_VOCAB_SIZE, n_layer=1, n_head=2, d_model=16, max_seq_len=max_seq_len)
@@ -444,10 +444,10 @@ def test_validation_loss_without_gradients_is_chunked_and_equals_the_unchunked_o
 def test_largest_logits_of_an_8192_token_validation_batch_are_bounded_by_the_chunk():
     from helpers import policy_cfg
 
-    from pretrain.data.evaluation import evaluation_batches
-    from pretrain.evaluate import evaluate
-    from pretrain.gpt2 import GPT2_VOCAB_SIZE
+    from pretrain.data.batching.evaluation import evaluation_batches
+    from pretrain.data.gpt2 import GPT2_VOCAB_SIZE
     from pretrain.model import loss as loss_module
+    from pretrain.training.evaluate import evaluate
 
     model = gpt2_vocab_model()
     bound = loss_module.eval_chunk_rows(GPT2_VOCAB_SIZE)

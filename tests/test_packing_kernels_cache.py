@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import json, logging, numpy as np
 logging.basicConfig(level=logging.WARNING)
-from pretrain.data import packing, packing_kernels
-from pretrain.data.chunking import chunk_table
+from pretrain.data.batching import packing
+from pretrain.data.batching import packing_kernels
+from pretrain.data.batching.chunking import chunk_table
 table = chunk_table(np.array([0, 5, 12]), np.array([5, 7]), 3)
 print(json.dumps({"cached": packing_kernels.CACHED, "kernels": packing.numba_kernels() is not None,
                   "lengths": table.length.tolist(), "module": packing_kernels.__file__}))
@@ -64,7 +65,7 @@ def test_read_only_install_without_a_cache_folder_compiles_uncached_with_one_war
         "cached": False,
         "kernels": True,  # still compiled: not the pure-Python planners
         "lengths": [3, 1, 3, 3],
-        "module": str(package / "pretrain" / "data" / "packing_kernels.py"),
+        "module": str(package / "pretrain" / "data" / "batching" / "packing_kernels.py"),
     }
     assert stderr.count("numba cannot cache the packing kernels") == 1 and "NUMBA_CACHE_DIR" in stderr
     assert not list(package.rglob("*.nbi")) and not list(home.rglob("*.nbi"))  # nothing written
@@ -75,6 +76,5 @@ def test_a_writable_install_caches_beside_the_module(tmp_path):
     result, stderr = _run(tmp_path, package, home, read_only=False)
     assert result["cached"] and result["kernels"] and result["lengths"] == [3, 1, 3, 3]
     assert "numba cannot cache" not in stderr
-    assert list(
-        (package / "pretrain" / "data" / "__pycache__").glob("packing_kernels.chunk_table_kernel-*.nbi")
-    )
+    cached = package / "pretrain" / "data" / "batching" / "__pycache__"
+    assert list(cached.glob("packing_kernels.chunk_table_kernel-*.nbi"))

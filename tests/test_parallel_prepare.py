@@ -209,7 +209,7 @@ def test_hydra_multirun_tasks_then_pretrain_prepare_assembles(tmp_path, texts, c
         [
             sys.executable,
             "-m",
-            "pretrain.prepare_tasks",
+            "pretrain.cli.prepare_tasks",
             "--multirun",
             "prepare.tasks=3",
             "prepare.task=range(3)",

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synthetic import fineweb_like_lengths
 
-from pretrain.data import packing
-from pretrain.data.packing import (
+from pretrain.data.batching import packing
+from pretrain.data.batching.packing import (
     _best_fit_buffered_reference,
     _best_fit_decreasing_reference,
     _first_fit_online_reference,
@@ -63,7 +63,7 @@ def test_best_fit_decreasing_matches_the_reference(case):
 @pytest.mark.parametrize("capacity", [1024, 4096])
 def test_fineweb_like_epoch_matches_the_reference(capacity):
     """~60k chunks of FineWeb-like documents (most lengths distinct, full chunks tied), shuffled."""
-    from pretrain.data.chunking import chunk_table
+    from pretrain.data.batching.chunking import chunk_table
 
     lengths = fineweb_like_lengths(50_000, seed=capacity)
     table = chunk_table(np.zeros(len(lengths), dtype=np.int64), lengths, capacity)
@@ -123,7 +123,7 @@ def _split(documents: int, seed: int):
 def test_bestfit_sampler_epochs_are_the_reference_plans():
     from helpers import policy_cfg
 
-    from pretrain.data.samplers import build_sampler
+    from pretrain.data.batching.samplers import build_sampler
 
     cfg = policy_cfg("bestfit", "data.max_seq_len=256", "train.batch_size=4", "data.packing_buffer=16")
     sampler = build_sampler(cfg, _split(3000, seed=5))
@@ -141,7 +141,7 @@ def test_bestfit_sampler_epochs_are_the_reference_plans():
 def test_prepacked_bfd_sampler_is_the_reference_plan(tmp_path):
     from helpers import policy_cfg
 
-    from pretrain.data.samplers import build_sampler
+    from pretrain.data.batching.samplers import build_sampler
 
     cfg = policy_cfg("prepacked", "data.strategy=bfd", "data.max_seq_len=256", "train.batch_size=4")
     sampler = build_sampler(cfg, _split(3000, seed=6), packs_dir=tmp_path)
@@ -203,7 +203,7 @@ def test_fineweb_like_first_fit_epoch_matches_the_reference(capacity):
 def test_firstfit_sampler_epochs_are_the_reference_plans():
     from helpers import policy_cfg
 
-    from pretrain.data.samplers import build_sampler
+    from pretrain.data.batching.samplers import build_sampler
 
     cfg = policy_cfg("firstfit", "data.max_seq_len=256", "train.batch_size=4", "data.open_bins=5")
     sampler = build_sampler(cfg, _split(3000, seed=7))
@@ -243,8 +243,9 @@ def test_small_inputs_plan_without_the_kernels_and_a_run_does_not_import_numba(m
     code = (
         "import json, sys\n"
         "import numpy as np\n"
-        "from pretrain.data.chunking import chunk_table\n"
-        "from pretrain.data.packing import best_fit_buffered, best_fit_decreasing, first_fit_online\n"
+        "from pretrain.data.batching.chunking import chunk_table\n"
+        "from pretrain.data.batching.packing import best_fit_buffered, best_fit_decreasing\n"
+        "from pretrain.data.batching.packing import first_fit_online\n"
         "from synthetic import fineweb_like_lengths\n"
         "lengths = fineweb_like_lengths(600)\n"
         "table = chunk_table(np.zeros(len(lengths), dtype=np.int64), lengths, 128)\n"

@@ -13,18 +13,18 @@ from helpers import POLICY_VARIANTS, policy_cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pretrain.data.batch import IGNORE_INDEX, PAD_TOKEN_ID
-from pretrain.data.chunking import chunk_table
-from pretrain.data.evaluation import evaluation_batches
-from pretrain.data.packing import (
+from pretrain.data.batching.batch import IGNORE_INDEX, PAD_TOKEN_ID
+from pretrain.data.batching.chunking import chunk_table
+from pretrain.data.batching.evaluation import evaluation_batches
+from pretrain.data.batching.packing import (
     best_fit_buffered,
     best_fit_decreasing,
     concat_windows,
     first_fit_online,
 )
-from pretrain.data.policies import REGISTRY, load_or_build_packs, packs_path
-from pretrain.data.policies import packs as stored_packs
-from pretrain.data.samplers import build_sampler
+from pretrain.data.batching.policies import REGISTRY, load_or_build_packs, packs_path
+from pretrain.data.batching.policies import packs as stored_packs
+from pretrain.data.batching.samplers import build_sampler
 from pretrain.data.tokens import EOS_TOKEN_ID, TokenSplit
 
 make_cfg = policy_cfg

@@ -1,5 +1,5 @@
 """The plug-ins (data policies, attention backends, source kinds): one registry each, each plug-in's
-config types its own option, and no module outside data/policies/ names a policy. Every case here is
+config types its own option, and no module outside data/batching/policies/ names a policy. Every case here is
 derived from the registries: a new plug-in is covered without editing this file."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from helpers import REPO
 
 from pretrain import errors
 from pretrain.config import GROUPS, load_config, to_config
-from pretrain.data.policies import REGISTRY, DataConfig, DataPolicy, PackingConfig, policy_class
+from pretrain.data.batching.policies import REGISTRY, DataConfig, DataPolicy, PackingConfig, policy_class
 from pretrain.errors import ConfigError
 
 PACKAGE = REPO / "src" / "pretrain"
@@ -138,9 +138,8 @@ def test_no_module_outside_the_policies_package_names_a_policy():
     """The data module, evaluation, stats, the CLI and the rest ask the registry or the policy object
     (config/migrate.py, the one home of old keys, names the policies whose old configs it reads)."""
     migrate = PACKAGE / "config" / "migrate.py"
-    outside = [
-        p for p in PACKAGE.rglob("*.py") if (PACKAGE / "data" / "policies") not in p.parents and p != migrate
-    ]
+    policies = PACKAGE / "data" / "batching" / "policies"
+    outside = [p for p in PACKAGE.rglob("*.py") if policies not in p.parents and p != migrate]
     assert len(outside) > 20
     named = {str(p.relative_to(PACKAGE)): _policy_literals(p) for p in outside}
     assert {path: found for path, found in named.items() if found} == {}

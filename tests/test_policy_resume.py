@@ -15,10 +15,10 @@ from helpers import SHARED_CACHE, module_cache_root
 from test_golden_batches import CASES, COMMON, GOLDEN
 
 from pretrain.config import load_config, to_config, upgrade_sampler_state
+from pretrain.data.batching.policies import PolicySettings
+from pretrain.data.batching.samplers import STATE_VERSION, build_sampler
 from pretrain.data.ingest.cache import CacheSpec
 from pretrain.data.ingest.prepare import prepare_cache
-from pretrain.data.policies import PolicySettings
-from pretrain.data.samplers import STATE_VERSION, build_sampler
 
 cache_root = module_cache_root(SHARED_CACHE)
 

@@ -12,8 +12,8 @@ from helpers import compose, policy_cfg
 
 from pretrain.arrays import run_positions
 from pretrain.config import to_config
-from pretrain.data.audit import composition_audit
-from pretrain.data.samplers import build_sampler
+from pretrain.data.batching.samplers import build_sampler
+from pretrain.data.measures.audit import composition_audit
 from pretrain.data.tokens import TokenSplit
 from pretrain.errors import ConfigError
 

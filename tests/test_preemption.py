@@ -19,7 +19,7 @@ import pytest
 import torch
 from helpers import SHARED_CACHE, TINY_RUN, module_cache_root
 
-from pretrain.checkpoint_files import verify_checkpoint
+from pretrain.checkpoints.files import verify_checkpoint
 from pretrain.config import load_config
 from pretrain.training.run import train
 from pretrain.training.rundir import claim_directory, run_dir, slurm_job_id
@@ -94,7 +94,7 @@ def test_a_signal_stops_after_the_update_and_auto_resume_continues_exactly(tmp_p
 
     resumed = train(compose(run, "train.max_steps=6", "ckpt_path=auto"))
     assert resumed["status"] == "completed" and resumed["exit_code"] == 0
-    # The floors (data/floors.py) of the run's cache, in the preempted run's run.json and the resumed one's.
+    # The cache's floors (measures/floors.py), in the preempted run's run.json and the resumed one's.
     # They are those of the validation documents val/loss scores: the first ones under train.val_batches.
     cache_dir = Path(summary["cache_dir"])
     documents = json.loads((cache_dir / "manifest.json").read_text())["splits"]["validation"]["documents"]

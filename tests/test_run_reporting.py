@@ -12,10 +12,10 @@ import torch
 from helpers import SHARED_CACHE, module_cache_root, split_of
 
 from pretrain.config import load_config, to_config
-from pretrain.data.chunking import chunk_table
-from pretrain.data.evaluation import evaluation_batches, evaluation_chunks
+from pretrain.data.batching.chunking import chunk_table
+from pretrain.data.batching.evaluation import evaluation_batches, evaluation_chunks
+from pretrain.data.batching.policies import PolicySettings
 from pretrain.data.ingest.cache import CacheSpec
-from pretrain.data.policies import PolicySettings
 from pretrain.data.tokens import TokenSplit
 from pretrain.model import GPT, GPTConfig
 from pretrain.model.flops import parameter_count, peak_flops, training_flops
@@ -195,8 +195,8 @@ def test_scoring_says_how_far_it_is_when_it_takes_long(capsys):
     """Validation and `pretrain eval` share one scoring loop; a slow one prints a progress line."""
     import io
 
-    from pretrain.evaluate import ScoringProgress, score_batches
     from pretrain.model import GPT, GPTConfig
+    from pretrain.training.evaluate import ScoringProgress, score_batches
 
     stream = io.StringIO()
     progress = ScoringProgress("eval", total=3, every=0.0, stream=stream)
@@ -214,7 +214,7 @@ def test_scoring_says_how_far_it_is_when_it_takes_long(capsys):
 
 
 def _random_batch(seed: int):
-    from pretrain.data.batch import gather_packed
+    from pretrain.data.batching.batch import gather_packed
 
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, 50256, size=40).astype(np.uint16)
@@ -226,7 +226,7 @@ def test_scoring_progress_never_repeats_a_line_and_counts_on_over_sets():
     a mixture's validation sets share one count."""
     import io
 
-    from pretrain.evaluate import ScoringProgress
+    from pretrain.training.evaluate import ScoringProgress
 
     stream = io.StringIO()
     progress = ScoringProgress("validation", every=0.0, stream=stream)

@@ -12,13 +12,13 @@ import pytest
 import torch
 from helpers import POLICIES, POLICY_VARIANTS, one_variant_per_policy, policy_cfg, settings_of
 
-from pretrain.data.evaluation import (
+from pretrain.data.batching.evaluation import (
     evaluation_batch_count,
     evaluation_batches,
     evaluation_chunks,
     validation_pairs,
 )
-from pretrain.data.samplers import build_sampler
+from pretrain.data.batching.samplers import build_sampler
 from pretrain.data.tokens import TokenSplit
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """task=sft: conversations rendered by the chat template into tokens and a loss mask (data/ingest/chat.py),
 the mask carried by every policy into the targets, whole exchanges under data.long_docs=truncate
-(data/exchanges.py), and the audit's trained targets. The references: transformers'
+(data/batching/exchanges.py), and the audit's trained targets. The references: transformers'
 apply_chat_template(return_assistant_tokens_mask=True) for the ids and the mask, and its
 DataCollatorWithFlattening for a padding-free batch's ids, labels and position ids."""
 
@@ -18,15 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pretrain.config import to_config
-from pretrain.data.batch import IGNORE_INDEX
-from pretrain.data.exchanges import whole_exchanges
+from pretrain.data.batching.batch import IGNORE_INDEX
+from pretrain.data.batching.exchanges import whole_exchanges
+from pretrain.data.batching.samplers import build_sampler
 from pretrain.data.ingest.cache import CacheSpec
 from pretrain.data.ingest.chat import CUT, TRAINED, ChatEncoder, chat_settings
 from pretrain.data.ingest.prepare import prepare_cache
 from pretrain.data.ingest.prepare_settings import PrepareSettings
 from pretrain.data.ingest.tokenizer import build_tokenizer, bundled_files
 from pretrain.data.ingest.verify import verify_cache
-from pretrain.data.samplers import build_sampler
 from pretrain.data.sources import ChatdocsSource, PartSizes, documents
 from pretrain.data.sources.conversations import conversation_messages, conversation_text
 from pretrain.data.tokens import TokenSplit

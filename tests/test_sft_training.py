@@ -14,14 +14,14 @@ import torch
 from helpers import module_cache_root
 
 from pretrain.config import load_config, to_config
-from pretrain.data.chunking import chunk_table
+from pretrain.data.batching.chunking import chunk_table
 from pretrain.data.ingest.cache import CacheSpec
 from pretrain.data.ingest.chat import TRAINED, ChatEncoder
 from pretrain.data.ingest.prepare import prepare_cache
 from pretrain.data.sources import ChatdocsSource, documents
 from pretrain.data.sources.conversations import conversation_messages
-from pretrain.evaluate import evaluate_checkpoint
 from pretrain.hf import export
+from pretrain.training.evaluate import evaluate_checkpoint
 from pretrain.training.run import train
 
 transformers = pytest.importorskip("transformers")

@@ -1,5 +1,5 @@
 """Files that each do one job: no source module over 450 lines and no function over 60 (the numba
-packing kernels aside: data/packing_kernels.py, whose kernels are one loop each, kept whole for speed)."""
+packing kernels aside: batching/packing_kernels.py, whose kernels are one loop each, kept whole for speed)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from helpers import REPO
 PACKAGE = REPO / "src" / "pretrain"
 MAX_FILE_LINES = 450
 MAX_FUNCTION_LINES = 60
-KERNELS = PACKAGE / "data" / "packing_kernels.py"
+KERNELS = PACKAGE / "data" / "batching" / "packing_kernels.py"
 
 
 def _functions(tree: ast.AST):

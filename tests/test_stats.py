@@ -12,7 +12,7 @@ from helpers import policy_cfg, split_of
 from rich.console import Console
 
 from pretrain.data.leaks import verbatim_leaks
-from pretrain.data.stats import inspect_split
+from pretrain.data.measures.stats import inspect_split
 from pretrain.data.tokens import TokenSplit
 from pretrain.report.inspect_table import render_table, stats_warnings
 
@@ -268,7 +268,7 @@ def test_empty_validation_split():
     assert stats["verbatim_leaks"] == 0 and stats["train_validation_overlap"] == 0
 
 
-# --- the composition audit (data/audit.py), on the same four documents ------------------------------
+# --- the composition audit (data/measures/audit.py), on the same four documents ---------------------
 # Pairs 2, 5, 1, 9 at max_seq_len 4: documents 1 and 3 are longer than a chunk. The whole stream of
 # 21 tokens makes ceil(20 / 4) = 5 concat windows.
 
@@ -372,8 +372,8 @@ def test_cross_document_fraction_of_packs_without_the_mask():
 )
 def test_the_audits_attention_cost_is_that_of_the_batches(policy):
     """`batch_attention_cost` (from cu_seqlens) x real tokens, over an epoch's batches, is the audit's."""
-    from pretrain.data.audit import batch_attention_cost, composition_audit
-    from pretrain.data.samplers import build_sampler
+    from pretrain.data.batching.samplers import build_sampler
+    from pretrain.data.measures.audit import batch_attention_cost, composition_audit
 
     train = TokenSplit.from_lengths(np.random.default_rng(8).integers(2, 40, size=50), seed=8)
     cfg = policy_cfg(policy[0], "data.max_seq_len=8", "train.batch_size=1", *policy[1:])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from pretrain.cli.sweep import sweep_jobs
 from pretrain.errors import hide_schema_options
-from pretrain.sweep import sweep_jobs
 
 REPO = Path(__file__).resolve().parents[1]
 

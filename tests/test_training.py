@@ -19,7 +19,7 @@ from helpers import SHARED_CACHE, module_cache_root
 
 from pretrain.config import load_config
 from pretrain.data import TokenSplit, gather_packed
-from pretrain.data.chunking import chunk_table
+from pretrain.data.batching.chunking import chunk_table
 from pretrain.model import GPT, GPTConfig
 from pretrain.training.run import train
 from pretrain.training.update import run_update

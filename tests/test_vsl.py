@@ -17,13 +17,13 @@ from test_composition import BASE, expected_pairs, numbered_split
 from test_training import StopAfter, read_batches, read_metrics
 
 from pretrain.config import load_config
-from pretrain.data.audit import composition_audit
-from pretrain.data.batch import IGNORE_INDEX
-from pretrain.data.chunking import chunk_table
-from pretrain.data.policies import Curriculum, decompose
-from pretrain.data.policies.curriculum import even_split, grow_p2_odds, proportional_split, schedule
-from pretrain.data.samplers import build_sampler
-from pretrain.data.stats import inspect_split
+from pretrain.data.batching.batch import IGNORE_INDEX
+from pretrain.data.batching.chunking import chunk_table
+from pretrain.data.batching.policies import Curriculum, decompose
+from pretrain.data.batching.policies.curriculum import even_split, grow_p2_odds, proportional_split, schedule
+from pretrain.data.batching.samplers import build_sampler
+from pretrain.data.measures.audit import composition_audit
+from pretrain.data.measures.stats import inspect_split
 from pretrain.errors import ConfigError
 from pretrain.training.datamodule import UpdateStream
 from pretrain.training.run import train

@@ -13,10 +13,10 @@ from wandb_records import OfflineRun, finished_run_file, run_file
 
 from pretrain.cli import main
 from pretrain.config import load_config, to_config
+from pretrain.data.batching.policies import PolicySettings
 from pretrain.data.ingest.cache import CacheSpec
 from pretrain.data.ingest.prepare import prepare_cache
-from pretrain.data.policies import PolicySettings
-from pretrain.data.stats import inspect_split
+from pretrain.data.measures.stats import inspect_split
 from pretrain.report.arm_render import WANDB_COLUMNS
 from pretrain.report.compare import plot_run
 from pretrain.report.contrast_render import CONTRAST_FIELDS
@@ -164,7 +164,7 @@ def test_config_holds_the_inspect_data_statistics_of_the_run(sweep, monkeypatch)
     assert bestfit.config_value("data/padding_waste") == 0.0
     assert bestfit.config_value("data/policy") == "bestfit"
     # The composition audit is in the config; the per-step attention cost in the history.
-    from pretrain.data.audit import AUDIT_KEYS
+    from pretrain.data.measures.audit import AUDIT_KEYS
 
     for key in AUDIT_KEYS:
         assert bestfit.config_value(f"data/{key}") is not None, key
@@ -192,7 +192,7 @@ def test_summary_row_and_comparison_plot_at_the_end(sweep):
         composition = result["composition"]
         assert summary["summary/fragmented_documents"] == composition["fragmented_documents"]
         assert summary["summary/cross_document_visible"] == composition["cross_document_visible_fraction"]
-        floors = result["floors"]  # data/floors.py: the run's cache's, in run.json and the summary row
+        floors = result["floors"]  # measures/floors.py: the run's cache's, in run.json and the summary row
         assert floors["bigram"]["method"] == "jelinek-mercer" and floors["sample"] is None
         for model in ("unigram", "bigram"):
             assert summary[f"summary/floor/{model}_nats"] == pytest.approx(floors[model]["nats"], rel=1e-12)

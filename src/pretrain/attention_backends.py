@@ -1,5 +1,6 @@
-"""The attention backends by name, each with the dataclass of its options, listed once in `BACKENDS`.
+"""Not in config/: model/attention/ reads this catalog too, and model and config may not import each other.
 
+The attention backends by name, each with the dataclass of its options, listed once in `BACKENDS`.
 Torch-free, so the schema (config) offers these choices and types the `attn` group by the chosen
 backend's dataclass (Hydra's `<backend>_schema`, listed first in conf/attn/<backend>.yaml's defaults);
 model/attention/registry.py builds the backends from the same list (each entry names the module of

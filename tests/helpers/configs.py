@@ -133,7 +133,7 @@ def policy_cfg(policy: str, *overrides: str):
     from omegaconf import OmegaConf
 
     from pretrain.config import Config
-    from pretrain.data.policies import PolicySettings, policy_class
+    from pretrain.data.batching.policies import PolicySettings, policy_class
 
     chosen = OmegaConf.from_dotlist([f"data.policy={policy}", *overrides])
     schema = policy_class(chosen.data.policy).config_class  # the group typed as data=<policy> types it
@@ -145,7 +145,7 @@ def policy_cfg(policy: str, *overrides: str):
 def settings_of(cfg):
     """PolicySettings of a composed config, as the run's entry builds them."""
     from pretrain.config import to_config
-    from pretrain.data.policies import PolicySettings
+    from pretrain.data.batching.policies import PolicySettings
 
     config = to_config(cfg)
     return PolicySettings.from_config(config.data, config.train, config.seed)

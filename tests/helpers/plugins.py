@@ -4,7 +4,7 @@ generic test without editing one (each plug-in declares its `test_variants`)."""
 from __future__ import annotations
 
 from pretrain.attention_backends import BACKENDS
-from pretrain.data.policies import REGISTRY
+from pretrain.data.batching.policies import REGISTRY
 from pretrain.data.sources import SOURCES
 
 POLICIES = list(REGISTRY)
@@ -50,7 +50,7 @@ def policies_where(**traits: object) -> list[str]:
 
 def packing_policies() -> list[str]:
     """The policies whose options include the document mask (they pack chunks)."""
-    from pretrain.data.policies import PackingConfig
+    from pretrain.data.batching.policies import PackingConfig
 
     return [name for name, cls in REGISTRY.items() if issubclass(cls.config_class, PackingConfig)]
 

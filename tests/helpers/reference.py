@@ -71,7 +71,7 @@ def union1d_concat_windows(offsets, lengths, capacity, max_inputs=None):
     import numpy as np
 
     from pretrain.arrays import prefix_sums
-    from pretrain.data.packing import Windows
+    from pretrain.data.batching.packing import Windows
 
     offsets = np.asarray(offsets, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)

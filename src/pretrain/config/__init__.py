@@ -9,9 +9,9 @@ Hydra's config.
 """
 
 from ..attention_backends import AttnConfig
+from ..data.batching.policies import DataConfig, PadTo, Strategy
 from ..data.ingest.prepare_settings import Encoder
 from ..data.ingest.writer import TokenDtype
-from ..data.policies import DataConfig, PadTo, Strategy
 from ..data.sources import SourceConfig
 from .checks import SEED_RANGE
 from .compose import (

@@ -134,7 +134,7 @@ class ComponentConfig:
 
 @dataclass
 class MixtureConfig:
-    """`mixture=<name>` (conf/mixture/*.yaml): corpora mixed by token share (data/mixture.py)."""
+    """`mixture=<name>` (conf/mixture/*.yaml): corpora mixed by token share (data/batching/mixture.py)."""
 
     components: dict[str, ComponentConfig] = field(default_factory=dict)
     """component name -> its weight, max_repeat, source and optional budget"""

@@ -9,7 +9,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ..attention_backends import BACKENDS, AttnConfig
-from ..data.policies import REGISTRY, DataConfig
+from ..data.batching.policies import REGISTRY, DataConfig
 from ..data.sources import SOURCES, SourceConfig
 from ..plugins import Registry
 from .schema import SCHEMA_NAME, Config

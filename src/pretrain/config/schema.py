@@ -16,10 +16,10 @@ import sys
 from dataclasses import dataclass, field, fields
 
 from ..attention_backends import AttnConfig
-from ..data.policies import REGISTRY, DataConfig, positive_int
+from ..data.batching.policies import REGISTRY, DataConfig, positive_int
+from ..data.gpt2 import GPT2_VOCAB_SIZE
 from ..data.sources import SourceConfig
 from ..errors import ConfigError
-from ..gpt2 import GPT2_VOCAB_SIZE
 from .checks import SEED_RANGE, _at_least, _is_set, _within, check_finite, check_read
 from .groups import (
     BudgetConfig,

@@ -1,4 +1,5 @@
-"""Data: sources, tokenizer, split, cache, chunking, policies, batches.
+"""Data by phase: ingest/ (source to verified cache), batching/ (cache to batches), measures/ (what
+ they hold); sources/ and the split files (index, files, tokens, gpt2) serve both.
 
 Exports resolve lazily, so `pretrain prepare` (which needs no torch) does not pay for importing it.
 """
@@ -8,17 +9,17 @@ from importlib import import_module
 _EXPORTS = {
     "EOS_TOKEN_ID": "tokens",
     "TokenSplit": "tokens",
-    "IGNORE_INDEX": "batch",
-    "PackedBatch": "batch",
-    "collate_packed": "batch",
-    "gather_packed": "batch",
-    "gather_padded": "batch",
-    "Chunk": "chunking",
-    "ChunkTable": "chunking",
-    "chunk_table": "chunking",
-    "split_tokens": "chunking",
-    "Sampler": "samplers",
-    "build_sampler": "samplers",
+    "IGNORE_INDEX": "batching.batch",
+    "PackedBatch": "batching.batch",
+    "collate_packed": "batching.batch",
+    "gather_packed": "batching.batch",
+    "gather_padded": "batching.batch",
+    "Chunk": "batching.chunking",
+    "ChunkTable": "batching.chunking",
+    "chunk_table": "batching.chunking",
+    "split_tokens": "batching.chunking",
+    "Sampler": "batching.samplers",
+    "build_sampler": "batching.samplers",
     "document_id": "ingest.split",
     "document_split": "ingest.split",
 }

@@ -11,8 +11,8 @@ import numpy as np
 
 from ..arrays import prefix_sums
 from ..errors import CacheError
-from ..gpt2 import EOS_TOKEN_ID, GPT2_VOCAB_SIZE
 from . import index
+from .gpt2 import EOS_TOKEN_ID, GPT2_VOCAB_SIZE
 
 # The loss-mask byte of a task=sft split (TokenSplit.loss_mask; written by data/ingest/chat.py):
 TRAINED = np.uint8(1)  # bit 0: the token is a trained target (the pair previous token -> it counts)

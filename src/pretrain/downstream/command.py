@@ -70,7 +70,7 @@ def run_lm_eval(request: LmEvalRequest) -> dict:
             model_dir, identity, max_length = path, {"export": str(path.resolve())}, None
             include = _written_tasks(request, path)
         else:
-            from ..hf import export
+            from ..hf.roundtrip import export
 
             checkpoint, config = _load(path)
             identity = _identity(path, checkpoint, config)
@@ -132,8 +132,8 @@ def _written_tasks(request: LmEvalRequest, export_dir: Path) -> Path | None:
 
 def _load(path: Path):
     """The checkpoint (its record verified) and its resolved config."""
-    from ..checkpoint_files import load_trainer_checkpoint
-    from ..evaluate import saved_config
+    from ..checkpoints.files import load_trainer_checkpoint
+    from ..training.evaluate import saved_config
 
     checkpoint = load_trainer_checkpoint(path)
     return checkpoint, saved_config(checkpoint)
@@ -141,7 +141,7 @@ def _load(path: Path):
 
 def _identity(path: Path, checkpoint: dict, config) -> dict:
     """What names the scored weights: path, step, the checkpoint record's sha256, model, policy."""
-    from ..checkpoint_files import recorded_sha256
+    from ..checkpoints.files import recorded_sha256
 
     return {
         "path": str(path.resolve()),
@@ -156,11 +156,11 @@ def _identity(path: Path, checkpoint: dict, config) -> dict:
 
 def _task_source(checkpoint: dict, config, seed: int) -> TaskSource:
     """The validation split of the checkpoint's cache and the tokenizer its export ships."""
+    from ..data.batching.mixture import MixtureSpec
     from ..data.ingest.cache import CacheSpec
     from ..data.ingest.prepare import prepare_cache
     from ..data.ingest.tokenizer import EOS_TEXT, build_tokenizer, token_byte_lengths
     from ..data.ingest.tokenizer_json import TokenizerJson
-    from ..data.mixture import MixtureSpec
     from ..model import config_from_dict
 
     if MixtureSpec.from_config(config) is not None:
@@ -190,9 +190,9 @@ def _bpb_reference(
 ) -> dict:
     """The project's own scoring (training's and `pretrain eval`'s loop) of the chunks the harness
     scored: its bits per byte, their difference, and the documents and pairs behind them."""
-    from ..data.chunking import ChunkTable
-    from ..data.evaluation import block_batches
-    from ..evaluate import load_decoder
+    from ..data.batching.chunking import ChunkTable
+    from ..data.batching.evaluation import block_batches
+    from ..training.evaluate import load_decoder
     from ..training.scoring import score_batches
 
     chunks = files.bpb_chunks[:limit] if limit is not None else files.bpb_chunks

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from ..data.chunking import chunk_table
+from ..data.batching.chunking import chunk_table
 from ..data.tokens import TokenSplit
 
 CLOZE, RECALL, BPB = "pretrain_cloze", "pretrain_recall", "pretrain_bpb"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..gpt2 import GPT2_VOCAB_SIZE
+from ..data.gpt2 import GPT2_VOCAB_SIZE
 
 
 @dataclass(frozen=True)

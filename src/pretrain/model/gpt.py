@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.batch import PackedBatch
+from ..data.batching.batch import PackedBatch
 from .attention import AttentionBackend, AttentionBatch, known_backend, select_backend
 from .config import GPTConfig
 from .loss import token_cross_entropy

@@ -3,7 +3,7 @@
 RoPE (rotary positions from the batch's per-token `position_ids`, a configurable theta), RMSNorm,
 a SwiGLU MLP, grouped-query attention and an optionally tied head: transformers' LlamaForCausalLM
 layer for layer, with its parameter names (`embed_tokens`, `layers.N.self_attn.q_proj`, ...), so that
-the Hugging Face round trip (hf_llama.py) only adds the `model.` prefix.
+the Hugging Face round trip (hf/llama.py) only adds the `model.` prefix.
 
 Attention goes through the same backends and per-batch `cu_seqlens` plan as GPT-2: the document
 boundaries come from the batch, the positions RoPE rotates by come from the batch too (they restart
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.batch import PackedBatch
-from ..gpt2 import GPT2_VOCAB_SIZE
+from ..data.batching.batch import PackedBatch
+from ..data.gpt2 import GPT2_VOCAB_SIZE
 from .attention import AttentionBackend, AttentionBatch, known_backend, select_backend
 from .loss import token_cross_entropy
 from .validation import check_batch

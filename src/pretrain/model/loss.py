@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.utils.checkpoint import checkpoint
 
-from ..data.batch import IGNORE_INDEX
+from ..data.batching.batch import IGNORE_INDEX
 
 LOSS_CHUNK_ROWS = 8192
 EVAL_CHUNK_ELEMENTS = 1 << 26  # logits per chunk without gradients: 256 MiB in fp32

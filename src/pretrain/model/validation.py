@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..data.batch import PackedBatch
+from ..data.batching.batch import PackedBatch
 
 
 def check_batch(batch: PackedBatch, max_seq_len: int) -> np.ndarray:

@@ -120,7 +120,7 @@ def _interpolated_metrics(
 
 
 def _component_metrics(runs: list[Run]) -> list[Metric]:
-    """A mixture's components (data/mixture.py): each one's own validation pairs."""
+    """A mixture's components (data/batching/mixture.py): each one's own validation pairs."""
     return [
         Metric(
             key.replace("/", "_"),

@@ -12,7 +12,7 @@ The metrics, per run, then summarized over the arm's seeds:
 * val loss at a common optimizer step: by default the last step every run validated at
   (`--at-step N`). At equal real tokens a layout with fewer real tokens per update (padding) has
   taken more updates: this row separates the two;
-* a mixture's final `val/loss/<component>`, one section per component (data/mixture.py);
+* a mixture's final `val/loss/<component>`, one section per component (data/batching/mixture.py);
 * real tokens/s (the run's real tokens over its training seconds) and padding waste (the run's mean);
 * the budget: updates, real and computed tokens (arm_table's budget section flags unequal ones).
 Time-based rows are marked unreliable when a run's machine was contended (`sys/load_per_cpu`).
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..errors import ConfigError
-from ..machine_load import CONTENDED  # a run's median `sys/load_per_cpu` above it: contended
+from ..training.machine_load import CONTENDED  # a run's median `sys/load_per_cpu` above it: contended
 from ..training.run_record import Run, run_numbers
 from . import floors as floor_models
 from .arm_metrics import Metric, computed_tokens, final_val_loss, metrics, tokens_to_reach, updates
@@ -144,7 +144,7 @@ def reference_arm(arms: list[Arm], label: str | None) -> Arm | None:
     if label is None:
         if len(arms) < 2:
             return None
-        from ..data.policies import REGISTRY
+        from ..data.batching.policies import REGISTRY
 
         baselines = {str(name) for name, policy in REGISTRY.items() if policy.baseline}
         return next((arm for arm in arms if arm.runs[0].policy in baselines), arms[0])

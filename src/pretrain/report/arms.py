@@ -42,7 +42,7 @@ NOT_SWEPT = (
 
 def policy_keys() -> set[str]:
     """`data.policy` and every registered policy's layout options: the keys that make a run's layout."""
-    from ..data.policies import REGISTRY
+    from ..data.batching.policies import REGISTRY
 
     return {"data.policy"} | {
         f"data.{k}" for cls in REGISTRY.values() for k in layout_options(cls.config_class)

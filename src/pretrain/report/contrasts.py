@@ -192,7 +192,7 @@ def reference_level(levels: list[str], cells: list[Cell], factor: str, reference
                 if arm is reference:
                     return level
     if factor == DEFAULT_FACTOR:
-        from ..data.policies import REGISTRY
+        from ..data.batching.policies import REGISTRY
 
         baselines = {str(name) for name, policy in REGISTRY.items() if policy.baseline}
         for level in levels:

@@ -20,7 +20,7 @@ PALETTE = tuple(
 def arm_colors(arms: list[str]) -> dict[str, str]:
     """One colour per arm: the registered policies' defaults first (the same colour in every figure),
     then the variants in the order given."""
-    from ..data.policies import REGISTRY
+    from ..data.batching.policies import REGISTRY
 
     ordered = list(dict.fromkeys([*map(str, REGISTRY), *arms]))
     return {arm: PALETTE[i % len(PALETTE)] for i, arm in enumerate(ordered)}

@@ -1,4 +1,4 @@
-"""The floors a run's validation loss must beat, as compare reads them from run.json (data/floors.py
+"""The floors a run's validation loss must beat, as compare reads them from run.json (data/measures/floors.py
 computes them): the cross-entropy of the same validation pairs under a unigram and two interpolated
 bigram models (Jelinek-Mercer, Kneser-Ney) counted on the train split. A layout acts through context
 (what a position may attend to, which tails it trains): a run that has not gone below the lower of the

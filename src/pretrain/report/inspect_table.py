@@ -1,4 +1,4 @@
-"""`pretrain inspect-data`'s table: the statistics of data/stats.py as two rich columns, with the loud
+"""`pretrain inspect-data`'s table: the statistics of measures/stats.py as two rich columns, with the loud
 problems (validation documents seen in training) in red."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ PERCENT_KEYS = frozenset(
 
 
 FLOOR_KEYS = frozenset({"nats", "bits_per_byte", "lambda"})
-"""The floors' numbers (data/floors.py): shown to four decimals."""
+"""The floors' numbers (data/measures/floors.py): shown to four decimals."""
 
 
 LEAK_IDS_NAMED = 3

@@ -22,7 +22,7 @@ def layout_arms() -> list[tuple[str, dict[str, object]]]:
     (arm name, `data` group) pairs."""
     from enum import Enum
 
-    from ..data.policies import REGISTRY
+    from ..data.batching.policies import REGISTRY
 
     arms: list[tuple[str, dict[str, object]]] = []
     for name, cls in REGISTRY.items():
@@ -38,7 +38,7 @@ def layout_arms() -> list[tuple[str, dict[str, object]]]:
 def _arm_data(run_data: Any, group: dict[str, object]) -> Any:
     """The typed `data` group of another arm (`group`: its policy and layout options) that keeps the
     run's other settings it shares (max_seq_len, packing_buffer)."""
-    from ..data.policies import policy_class
+    from ..data.batching.policies import policy_class
 
     policy = policy_class(group["policy"])
     options = layout_options(policy.config_class)
@@ -63,10 +63,10 @@ def layout_statistics(run: Run, arms: list[tuple[str, dict[str, object]]] | None
     from omegaconf.errors import OmegaConfBaseException
 
     from ..config import to_config, upgrade_run_config
+    from ..data.batching.mixture import Mixture, mix_splits
+    from ..data.batching.policies import PolicySettings, policy_class
     from ..data.ingest.cache import Cache, read_manifest
-    from ..data.mixture import Mixture, mix_splits
-    from ..data.policies import PolicySettings, policy_class
-    from ..data.stats import inspect_split
+    from ..data.measures.stats import inspect_split
     from ..data.tokens import TokenSplit
     from ..errors import PretrainError
 
@@ -112,8 +112,8 @@ def layout_statistics(run: Run, arms: list[tuple[str, dict[str, object]]] | None
 def cache_floors_of(run: Run) -> dict:
     """The floors of a run whose run.json has none (it predates them): those stored beside its cache
     (`pretrain inspect-data` or any newer run on that cache computes them); {} when none are."""
-    from ..data.floors import recorded_floors
     from ..data.ingest.cache import Cache
+    from ..data.measures.floors import recorded_floors
 
     try:
         cache_dir = Path(read_summary(run.path)["cache_dir"])

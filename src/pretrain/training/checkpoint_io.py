@@ -1,4 +1,4 @@
-"""Lightning's side of checkpoint_files.py: the CheckpointIO plugin through which Lightning writes and (on
+"""Lightning's side of checkpoints/files.py: the CheckpointIO plugin through which Lightning writes and (on
 `trainer.fit(ckpt_path=...)`) reads every checkpoint, and the ModelCheckpoint callback that makes a
 failed write stop every rank."""
 
@@ -10,7 +10,7 @@ from typing import Any
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from ..checkpoint_files import load_checkpoint, record_path, save_verified, write_record
+from ..checkpoints.files import load_checkpoint, record_path, save_verified, write_record
 from ..errors import CheckpointError
 
 

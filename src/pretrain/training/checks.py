@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint_files import load_checkpoint
+from ..checkpoints.files import load_checkpoint
 from ..config import AttnConfig, TrainerConfig, upgrade_sampler_state
-from ..data.policies import PolicySettings
-from ..data.samplers import check_resume
+from ..data.batching.policies import PolicySettings
+from ..data.batching.samplers import check_resume
 from ..errors import CheckpointError, ConfigError
-from ..hf import check_weight_shapes, model_weights
+from ..hf.roundtrip import check_weight_shapes, model_weights
 from ..model import ModelSettings, config_from_dict
 from ..model.attention import check_backend, resolve_backend
 

@@ -4,7 +4,7 @@ Composition (packing, masking, truncation) can only change what a model does wit
 that predicts as well from the previous token alone as from the whole chunk has nothing for
 composition to act on, so a study must first show that its models use context. For each k in
 `eval.context`, every validation chunk is cut into blocks of k inputs, each its own segment from
-position 0 (data/evaluation.py's `context_blocks`): the same prediction pairs, each target predicted
+position 0 (data/batching/evaluation.py's `context_blocks`): the same prediction pairs, each target predicted
 from the 1..k tokens of its own document just before it (k=1: from its previous token alone; larger k:
 k/2 on average). `context_gain` is the loss at k=1 minus the loss with the whole chunk (val/loss):
 above 0, the model uses context.
@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from ..data.chunking import ChunkTable
-from ..data.evaluation import block_batches, context_blocks
+from ..data.batching.chunking import ChunkTable
+from ..data.batching.evaluation import block_batches, context_blocks
 from ..data.tokens import TokenSplit
 from ..model import Decoder
 from .scoring import ScoreSums, ScoringProgress, score_batches

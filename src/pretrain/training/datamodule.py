@@ -3,7 +3,7 @@ and exact-resume state.
 
 Validation scores the same pairs whatever the policy and the world size: every chunk of the first
 validation documents up to train.val_batches x train.eval_microbatch_tokens pairs, each chunk its own
-segment, split over ranks (data/evaluation.py); the module sums the loss over all ranks.
+segment, split over ranks (data/batching/evaluation.py); the module sums the loss over all ranks.
 
 Each training item is one whole optimizer update (`train.accumulation` microbatches), so the loss can
 be normalised by the update's token count before the first backward. Every item carries the sampler
@@ -16,13 +16,13 @@ An update is `train.accumulation` consecutive batches of this rank. A policy tha
 updates per epoch, so an update never straddles two epochs, and a saved position is always at an
 update's start.
 
-The saved state is the sampler's global position (epoch, units consumed: data/samplers.py), never
+The saved state is the sampler's global position (epoch, units consumed: data/batching/samplers.py), never
 global_step x a batch size, so a checkpoint resumes on another number of ranks or train.batch_size
 exactly. The update stream has no length: Lightning's epoch never ends and train.max_steps stops the
 run, so a resumed epoch that cuts into another number of batches per rank changes nothing here;
 global_step, the LR schedule and tokens_seen continue from the checkpoint.
 
-With a mixture (data/mixture.py) every component's cache is prepared and verified, the train sampler
+With a mixture (data/batching/mixture.py) every component's cache is prepared and verified, the train sampler
 reads their train splits as one, and validation scores each component's own validation pairs (the same
 selection as a run on that component alone), so `val/loss/<name>` sits beside the overall `val/loss`.
 """
@@ -39,9 +39,9 @@ import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
 
 from ..config import upgrade_sampler_state
-from ..data.batch import PackedBatch
-from ..data.chunking import ChunkTable
-from ..data.evaluation import (
+from ..data.batching.batch import PackedBatch
+from ..data.batching.chunking import ChunkTable
+from ..data.batching.evaluation import (
     evaluation_batches,
     evaluation_chunks,
     evaluation_positions,
@@ -49,12 +49,12 @@ from ..data.evaluation import (
     scored_documents,
     validation_pairs,
 )
-from ..data.floors import combined_floors, spec_floors
+from ..data.batching.mixture import MixtureSpec
+from ..data.batching.policies import PolicySettings
+from ..data.batching.samplers import Sampler, build_sampler
 from ..data.ingest.cache import Cache, CacheSpec
 from ..data.ingest.prepare import prepare_cache
-from ..data.mixture import MixtureSpec
-from ..data.policies import PolicySettings
-from ..data.samplers import Sampler, build_sampler
+from ..data.measures.floors import combined_floors, spec_floors
 from ..data.tokens import TokenSplit
 from ..errors import CheckpointError, ConfigError
 
@@ -203,7 +203,7 @@ class PretrainDataModule(L.LightningDataModule):
             self.floors()  # now, not in a preempted run's grace time at its end (stored once per cache)
 
     def floors(self) -> dict | None:
-        """The floors a run must beat (data/floors.py) on the validation pairs val/loss scores: its one
+        """The floors a run must beat (measures/floors.py) on the validation pairs val/loss scores: its one
         cache's, or a mixture's pooled over its components' (each under `components`); None while a
         cache is not prepared (a run stopped while building it)."""
         if self._floors is None:
@@ -240,7 +240,7 @@ class PretrainDataModule(L.LightningDataModule):
     def statistics(self, audits: bool = False) -> dict:
         """`pretrain inspect-data`'s statistics of this run's data, from its own train sampler's epoch 0
         (a mixture: the mixed epoch, and each component's under `mixture`)."""
-        from ..data.stats import inspect_split
+        from ..data.measures.stats import inspect_split
 
         assert self.train_sampler is not None, "setup() first"
         sampler = self.train_sampler

@@ -15,7 +15,7 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from omegaconf import OmegaConf
 
-from ..checkpoint_files import write_record
+from ..checkpoints.files import write_record
 from ..config import Config
 from ..errors import ConfigError
 from .checkpoint_io import RecordedModelCheckpoint, VerifiedCheckpointIO, raise_failed_save
@@ -177,7 +177,7 @@ def _module(run: RunSettings) -> PretrainModule:
         eval_context=list(config.eval.context),
     )
     if config.model.init_from and not config.ckpt_path:  # a resume loads its own weights
-        from ..hf import init_from
+        from ..hf.roundtrip import init_from
 
         init_from(module.model, config.model.init_from, config.model.extend_positions)
     return module

@@ -7,7 +7,7 @@ gathered just before it runs and freed after it, in the forward and again in the
 are reduce-scattered as averages over ranks, as DDP's all-reduce averages them, so the two train the
 same updates. The same code runs on CPU ranks (gloo) and on GPUs (NCCL).
 
-Checkpoints are directories of shards (sharded_checkpoint.py), written afresh at each save and
+Checkpoints are directories of shards (checkpoints/sharded.py), written afresh at each save and
 recorded file by file; a resume under trainer=fsdp reshards them to its own number of ranks.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 
-from ..checkpoint_files import record_path
+from ..checkpoints.files import record_path
 from ..model.architectures import blocks_of
 
 # What training and scoring call on the root model instead of forward (update.py, scoring.py): FSDP

@@ -229,7 +229,7 @@ def flat_statistics(stats: dict, prefix: str = "data") -> dict[str, Any]:
 def data_statistics(policy, cache, sampler=None) -> dict[str, Any]:
     """The `pretrain inspect-data` statistics of this policy on the cache's splits (without the costly
     overlap and leak audits), flattened; `sampler`: the run's own train sampler, reused."""
-    from ..data.stats import inspect_split
+    from ..data.measures.stats import inspect_split
 
     train, validation = cache.split("train"), cache.split("validation")
     stats = inspect_split(policy, train, validation, packs_dir=cache.packs_dir, audits=False, sampler=sampler)
@@ -259,7 +259,7 @@ def summary_row(summary: dict) -> dict[str, float | int | str]:
     """The run's row of `pretrain compare`'s table (median tokens/s, mean padding waste, pack
     utilization and attention cost, read back from metrics.csv; the composition audit's fragmented
     documents and cross-document visible tokens), plus steps and seconds and the run's floors
-    (`floor/{unigram,bigram,bigram_kn}_{nats,bits_per_byte}`, data/floors.py), keyed `summary/...`."""
+    (`floor/{unigram,bigram,bigram_kn}_{nats,bits_per_byte}`, measures/floors.py), keyed `summary/...`."""
     metrics = summary.get("metrics", {})
     row: dict[str, Any] = {
         "policy": summary.get("policy"),
@@ -282,7 +282,7 @@ def summary_row(summary: dict) -> dict[str, float | int | str]:
         "unigram",
         "bigram",
         "bigram_kn",
-    ):  # summary/floor/<model>_<unit>: the run's floors (data/floors.py)
+    ):  # summary/floor/<model>_<unit>: the run's floors (data/measures/floors.py)
         for unit in ("nats", "bits_per_byte"):
             row[f"floor/{model}_{unit}"] = (floors.get(model) or {}).get(unit)
     output_dir = summary.get("output_dir")

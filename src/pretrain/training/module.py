@@ -17,13 +17,13 @@ import numpy as np
 import torch
 
 from ..config import TrainConfig
-from ..data.audit import batch_attention_cost
-from ..data.batch import PackedBatch
-from ..machine_load import load_per_cpu
+from ..data.batching.batch import PackedBatch
+from ..data.measures.audit import batch_attention_cost
 from ..model import ModelSettings, build_model, config_from_dict
 from ..model.compile import CompileStats
 from ..model.flops import peak_flops, training_flops
 from .context_use import context_lengths, context_metrics, context_sums
+from .machine_load import load_per_cpu
 from .model_setup import set_up_model
 from .scoring import ScoreSums, ScoringProgress, score_batches
 from .update import run_update

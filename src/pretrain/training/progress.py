@@ -14,7 +14,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from ..config import Config
-from ..data.policies import PolicySettings
+from ..data.batching.policies import PolicySettings
 from ..model import ModelSettings
 from ..model.flops import training_flops
 from .checks import training_device

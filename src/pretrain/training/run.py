@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from .. import startup_collector
-from ..checkpoint_files import remove_killed_writes
+from ..checkpoints.files import remove_killed_writes
 from ..config import Config
 from ..errors import PretrainError
+from . import startup_collector
 from .fit import PlotRun, fit
 from .preemption import Signals, active
 from .rundir import RunLock, is_rank_zero, remove_refused_run

@@ -39,7 +39,7 @@ def layout_options(config_class: type) -> dict[str, object]:
 def policy_layout_options(data: dict) -> tuple[str, dict[str, object] | None]:
     """A `data` group's policy name and its layout options with their defaults; None for a policy this
     version does not know (named by its name alone)."""
-    from ..data.policies import policy_class
+    from ..data.batching.policies import policy_class
     from ..errors import PretrainError
 
     policy = str(data.get("policy", "?"))
@@ -75,8 +75,8 @@ class Run:
     )  # metric -> [(seconds, value)]
     by_step: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # metric -> [(step, value)]
     layouts: dict[str, dict] = field(default_factory=dict)  # arm -> waste and truncation on the run's data
-    composition: dict = field(default_factory=dict)  # run.json's composition audit (data/audit.py)
-    floors: dict = field(default_factory=dict)  # run.json's floors (data/floors.py): unigram, bigram
+    composition: dict = field(default_factory=dict)  # run.json's composition audit (data/measures/audit.py)
+    floors: dict = field(default_factory=dict)  # run.json's floors (data/measures/floors.py): unigram, bigram
     downstream: dict = field(
         default_factory=dict
     )  # run.json's `pretrain lm-eval` metrics: task -> metric -> value
@@ -159,8 +159,8 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
 
 
 def _run_json_entry(run_dir: Path, key: str) -> dict:
-    """run.json's `key` entry (the `composition` audit of data/audit.py, the `floors` of
-    data/floors.py, `pretrain lm-eval`'s `downstream`); {} for a run without one (unfinished, older)."""
+    """run.json's `key` entry (the `composition` audit of data/measures/audit.py, the `floors` of
+    measures/floors.py, `pretrain lm-eval`'s `downstream`); {} for a run without one (unfinished, older)."""
     try:
         return dict(read_summary(run_dir).get(key) or {})
     except (OSError, ValueError, AttributeError, TypeError):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..data.batch import IGNORE_INDEX, PackedBatch
+from ..data.batching.batch import IGNORE_INDEX, PackedBatch
 from ..model import Decoder
 
 
@@ -123,7 +123,7 @@ def score_batches(
     every counted target of `batches` and their count, float64 on `device` (every token's loss is
     summed in float64, in total as in the buckets: the buckets' count-weighted mean is the loss to
     float64 rounding). `positions`: per batch, the in-document
-    position of each counted target in row order (data/evaluation.py's `evaluation_positions`),
+    position of each counted target in row order (data/batching/evaluation.py's `evaluation_positions`),
     which splits the sums by position bucket. The model is scored in eval mode and left in the mode
     it was in."""
     was_training = model.training

@@ -13,12 +13,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from ..checkpoint_files import AUTO, newest_valid_checkpoint
+from ..checkpoints.files import AUTO, newest_valid_checkpoint
 from ..config import Config, check_known_keys, to_config
+from ..data.batching.mixture import MixtureSpec
+from ..data.batching.policies import PolicySettings
 from ..data.ingest.cache import CacheSpec
 from ..data.ingest.tokenizer_json import tokenizer_vocab_size
-from ..data.mixture import MixtureSpec
-from ..data.policies import PolicySettings
 from ..errors import CheckpointError, ConfigError
 from ..model import ModelSettings, config_from_settings
 from .checks import attention_backend, check_checkpoint, device_line, launch_world_size, resolve_trainer
@@ -127,7 +127,7 @@ class RunSettings:
         config = with_tokenizer_vocab(config)
         model = config_from_settings(config.model)
         if config.model.init_from and not config.ckpt_path:
-            from ..hf import check_init_from
+            from ..hf.roundtrip import check_init_from
 
             check_init_from(config.model.init_from, model, config.model.extend_positions)
         mixture = MixtureSpec.from_config(config)

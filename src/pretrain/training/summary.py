@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 
 from ..config import Config
-from ..data.audit import composition_audit
+from ..data.measures.audit import composition_audit
 from ..errors import WriteError
 from ..fileio import write_text_atomic
 from .preemption import exit_code
@@ -76,7 +76,7 @@ def run_summary(
         "metrics": dict(module.last_metrics),
         "is_global_zero": trainer.is_global_zero,
         "max_tokens": config.train.max_tokens,
-        # What context-free models score on the validation pairs (data/floors.py): rank zero's.
+        # What context-free models score on the validation pairs (data/measures/floors.py): rank zero's.
         "floors": datamodule.floors() if trainer.is_global_zero else None,
         # train.compile: graphs compiled, those after the first step (recompiles), compile seconds.
         "compile": module.compile_stats.as_dict() if module.compile_stats is not None else None,
@@ -85,7 +85,7 @@ def run_summary(
         "sharding": (module.setup_record or {}).get("sharding"),
     }
     if trainer.is_global_zero and datamodule.train_sampler is not None:
-        # What the policy did to the corpus (data/audit.py), for `pretrain compare`'s table: the
+        # What the policy did to the corpus (data/measures/audit.py), for `pretrain compare`'s table: the
         # sampler's epoch-0 plan is reused (rank zero's layout, as inspect-data reports it).
         summary["composition"] = composition_audit(
             run.policy, datamodule.train_sampler.split, sampler=datamodule.train_sampler

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..data.batch import PackedBatch
+from ..data.batching.batch import PackedBatch
 from ..model import Decoder
 
 

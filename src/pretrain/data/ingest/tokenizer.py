@@ -19,8 +19,8 @@ import numpy as np
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from ...errors import TokenizerError
-from ...gpt2 import EOS_TEXT, EOS_TOKEN_ID
 from ..files import sha256_file
+from ..gpt2 import EOS_TEXT, EOS_TOKEN_ID
 
 if TYPE_CHECKING:
     from ...config import TokenizerConfig

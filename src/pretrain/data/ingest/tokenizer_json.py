@@ -24,8 +24,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ...errors import TokenizerError
-from ...gpt2 import GPT2_VOCAB_SIZE
 from ..files import sha256_file
+from ..gpt2 import GPT2_VOCAB_SIZE
 from .tokenizer import TokenizerFiles, TokenizersEncoder, _byte_decoder, resolve_files
 
 if TYPE_CHECKING:
