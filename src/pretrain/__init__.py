@@ -91,6 +91,8 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder):
     otherwise find its modules through the new package's __path__ and load them twice."""
 
     def find_spec(self, fullname, path=None, target=None) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith("pretrain."):  # every other import of the process passes here first
+            return None
         new = new_module_path(fullname)
         if new is None:
             return None
