@@ -26,7 +26,7 @@ TRAINING = "import pretrain.training.run, pretrain.training.module, pretrain.tra
 VARIANTS = {
     "training, lean": TRAINING,
     "training, integrations on": f"import torchmetrics; {TRAINING}",
-    "pretrain CLI": "import pretrain.cli",
+    "pretrain CLI": "import pretrain.cli.command",  # the parser and every subcommand (cli/ loads lazily)
 }
 WATCHED = [
     "lightning",

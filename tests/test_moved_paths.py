@@ -22,7 +22,7 @@ OLD_PATHS = {
     "pretrain.fast_exit": "pretrain.cli.fast_exit",
     "pretrain.startup_collector": "pretrain.training.startup_collector",
     "pretrain.evaluate": "pretrain.training.evaluate",
-    "pretrain.stop_signals": "pretrain.training.stop_signals",
+    "pretrain.stop_signals": "pretrain.errors",
     "pretrain.machine_load": "pretrain.training.machine_load",
     "pretrain.hf_llama": "pretrain.hf.llama",
     "pretrain.gpt2": "pretrain.data.gpt2",

@@ -6,7 +6,7 @@ subcommand it concerns.
 
 Errors a user can fix (`pretrain.errors.PretrainError` and Hydra's config errors) are printed in one
 line with exit status 2; anything else keeps its traceback. Ctrl-C (exit 130) and SIGTERM (exit 143,
-training/stop_signals.py) unwind through every cleanup: nothing half-written stays.
+errors.py) unwind through every cleanup: nothing half-written stays.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import exit_on_user_error
-from ..training.stop_signals import Terminated, sigterm_unwinds
+from ..errors import Terminated, exit_on_user_error, sigterm_unwinds
 from . import compare, export, inspect_data, lm_eval, prepare, verify
 from . import eval as eval_checkpoint
 

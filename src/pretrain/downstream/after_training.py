@@ -55,7 +55,7 @@ def evaluate_after_training(checked, summary: dict) -> dict | None:
     checkpoint = summary.get("checkpoint")
     if not tasks or summary.get("exit_code") or not summary.get("is_global_zero", True) or not checkpoint:
         return None
-    from ..training.stop_signals import Terminated, sigterm_unwinds
+    from ..errors import Terminated, sigterm_unwinds
     from .command import LmEvalRequest, run_lm_eval
 
     command = f"pretrain lm-eval {checkpoint} --tasks {','.join(tasks)}"
