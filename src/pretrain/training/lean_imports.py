@@ -7,7 +7,7 @@ dependency, SRMRpy): ~1.8 and ~1.0 of a training run's imports here (bench/bench
 features this project never uses (it logs plain tensors). The finder below lets torchmetrics load as
 usual, except that its flag module marks those integrations absent and its package `__init__` sees
 scipy as not installed, so torchmetrics skips their imports. Nothing else changes: transformers is
-still imported where it is used (`pretrain export`, hf.py), matplotlib and scipy by `pretrain
+still imported where it is used (`pretrain export`, hf/roundtrip.py), matplotlib and scipy by `pretrain
 compare`. Installed by pretrain.training's `__init__`, i.e. before any module of this package imports
 Lightning; without effect if torchmetrics was imported earlier.
 
