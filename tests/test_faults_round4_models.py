@@ -145,3 +145,13 @@ def test_the_documented_packed_call_isolates_documents_and_the_default_call_does
         ).logits
     torch.testing.assert_close(scope["logits"][0], mine, atol=ATOL, rtol=0)
     assert (default[0] - mine).abs().max() > 0.1  # documents attended to each other
+
+
+def test_a_gpt_export_names_the_runs_eos_not_gpt2s():
+    """Each architecture's hf_config takes the EOS id the run's cache recorded (a GPT trained on a
+    tokenizer.json run exported bos/eos 50256 before 0.2, an id outside a small vocabulary)."""
+    config = gpt().config
+    assert hf_gpt2.hf_config(config)["eos_token_id"] == 50256  # GPT-2's, when none is recorded
+    fields = hf_gpt2.hf_config(config, eos_token_id=7)
+    assert (fields["bos_token_id"], fields["eos_token_id"]) == (7, 7)
+    assert hf_llama.hf_config(llama().config, eos_token_id=7)["eos_token_id"] == 7
