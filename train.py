@@ -6,7 +6,7 @@ try:
     from pretrain.training import startup_collector
 
     startup_collector.pause()  # until the run's settings are known (startup_collector.py)
-    from pretrain.cli.fast_exit import exit_now
+    from pretrain.cli.fast_exit import run_and_exit
     from pretrain.training.preemption import Interrupted, install_early
 except ModuleNotFoundError as missing:  # run outside the project's environment: say how to enter it
     print(
@@ -128,11 +128,16 @@ def show_help(main) -> None:
     raise SystemExit(code)
 
 
-if __name__ == "__main__":
-    install_early()  # from here to the last line a signal ends the run as a preemption (preemption.py)
+def run_interruptible() -> None:
+    """`run`, where a signal before training (or a second Ctrl-C) exits 128 + its number."""
     try:
         run()
-    except Interrupted as interrupted:  # before training started, or a second Ctrl-C
-        sys.stderr.flush()
+    except Interrupted as interrupted:
         raise SystemExit(interrupted.exit_code) from None
-    exit_now(0)  # a run that returned: its files are written; skip the interpreter's teardown
+
+
+if __name__ == "__main__":
+    install_early()  # from here to the last line a signal ends the run as a preemption (preemption.py)
+    # The run's files are written when it returns or exits with a code: skip the interpreter's teardown,
+    # which on a DDP rank stopped by SIGTERM could abort in gloo's threads (fast_exit.py).
+    run_and_exit(run_interruptible)
