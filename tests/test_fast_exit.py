@@ -27,12 +27,16 @@ print("never printed")
 """
 
 
+def run_python(program: str, arg: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.run(
+        [sys.executable, "-c", program, arg], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
 def test_exit_now_waits_for_threads_runs_atexit_flushes_and_exits_with_its_code(tmp_path):
     log = tmp_path / "run.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    done = subprocess.run(
-        [sys.executable, "-c", PROGRAM, str(log)], env=env, capture_output=True, text=True, timeout=120
-    )
+    done = run_python(PROGRAM, str(log))
     assert done.returncode == 3, done.stderr
     assert done.stdout.startswith("pool job ran\nbuffered, no newline")
     assert done.stdout.index("worker finished") < done.stdout.index("atexit handler ran")
@@ -68,24 +72,17 @@ run_and_exit(main)
 """
 
 
-def run_program(how: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    return subprocess.run(
-        [sys.executable, "-c", RUN_AND_EXIT, how], env=env, capture_output=True, text=True, timeout=120
-    )
-
-
 def test_run_and_exit_ends_a_return_or_an_exit_code_without_the_teardown():
     for how, code in (("return", 0), ("code", 143)):
-        done = run_program(how)
+        done = run_python(RUN_AND_EXIT, how)
         assert done.returncode == code, done.stderr
         assert done.stdout == "atexit handler ran\n"  # atexit yes, the interpreter's teardown no
 
 
 def test_run_and_exit_leaves_a_message_or_a_traceback_to_python():
-    message = run_program("message")
+    message = run_python(RUN_AND_EXIT, "message")
     assert message.returncode == 1 and message.stderr.strip() == "error: a message"
     assert "teardown ran" in message.stdout and "atexit handler ran" in message.stdout
-    error = run_program("error")
+    error = run_python(RUN_AND_EXIT, "error")
     assert error.returncode == 1 and error.stderr.rstrip().endswith("ValueError: a bug")
     assert "teardown ran" in error.stdout
