@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --upgrade --progress-bar on pip
 	@echo "== install 2/3: $(TORCH_SPEC) (the largest download: a few minutes on a fresh machine)"
 	$(PY) -m pip install --progress-bar on $(TORCH_SPEC)
-	@echo "== install 3/3: pretrain and its dependencies (Lightning, Hydra, datasets, W&B, transformers, submitit, lm-eval, ...)"
-	$(PY) -m pip install --progress-bar on -e '.[dev,hf,slurm,eval]'
+	@echo "== install 3/3: pretrain and its dependencies (Lightning, Hydra, datasets, W&B, transformers, submitit, lm-eval, liger-kernel, ...)"
+	$(PY) -m pip install --progress-bar on -e '.[dev,hf,slurm,eval,gpu]'
 	touch $(STAMP)
 	@echo "== installed; enter the environment with: source $(VENV)/bin/activate"
 

@@ -93,6 +93,12 @@ def test_export_writes_a_directory_transformers_loads_offline(exported):
 
 
 def test_exported_logits_equal_the_project_model(trained, exported):
+    """The run's model pads its vocabulary (model.vocab_multiple=64: 50,304 rows in the checkpoint);
+    the export has the 50,257 real rows and scores as the project model does."""
+    from safetensors.torch import load_file
+
+    assert model_weights(load_checkpoint(trained))["wte.weight"].shape[0] == 50304
+    assert load_file(str(exported / "model.safetensors"))["transformer.wte.weight"].shape[0] == 50257
     ours, theirs = project_model(trained), hf_model(exported)
     split = documents(seed=1, count=6)
     with torch.no_grad():

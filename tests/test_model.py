@@ -356,7 +356,9 @@ def test_attn_configs_and_the_model_follow_data_max_seq_len():
     gpt_config, attn = composed_model("tiny", 64)
     model = GPT(gpt_config, attn=attn.backend)
     assert model.attn_backend == "sdpa" and model.config.max_seq_len == 64
-    assert model.config == GPTConfig(vocab_size=50257, n_layer=4, n_head=4, d_model=128, max_seq_len=64)
+    assert model.config == GPTConfig(
+        vocab_size=50257, n_layer=4, n_head=4, d_model=128, max_seq_len=64, vocab_multiple=64
+    )
 
 
 @pytest.mark.parametrize(

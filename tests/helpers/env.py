@@ -24,6 +24,9 @@ OFFLINE_ENV = {
 }
 os.environ.update(OFFLINE_ENV)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+# Triton kernels (liger-kernel's fused loss, train.loss_kernel=liger) run through Triton's CPU interpreter:
+# the suite has no GPU. Triton reads it when a kernel is defined, so before liger-kernel is imported.
+os.environ["TRITON_INTERPRET"] = "1"
 # The planners' numba kernels for inputs of every size (a run skips them below KERNEL_MIN_ITEMS), so
 # that the suite's small inputs test the kernels against the references; test_plan_equivalence.py
 # tests the threshold itself.

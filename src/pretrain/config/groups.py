@@ -236,7 +236,11 @@ class ModelConfig:
     dropout: float = 0.0
     """embedding and residual dropout (attention has none: the kernels must be interchangeable)"""
     vocab_size: int | None = None
-    """rows of the embedding; null = the tokenizer's ids (GPT-2: 50257); larger pads it (e.g. 50304)"""
+    """the ids the model predicts; null = the tokenizer's (GPT-2: 50257)"""
+    vocab_multiple: int = 64
+    """the embedding and head get vocab_size rounded up to a multiple of this many rows (50257 -> 50304:
+    tile-friendly matmuls on GPUs); the extra ids are never predicted, exports keep vocab_size rows;
+    1 = no padding"""
     bias: bool = True
     """biases in linear layers and LayerNorms (GPT-2 has them)"""
     max_seq_len: int = II("data.max_seq_len")
@@ -272,6 +276,7 @@ class ModelConfig:
         self._check_architecture()
         if _is_set(self.vocab_size) and self.vocab_size is not None:
             _at_least("model.vocab_size", self.vocab_size, 1)
+        _at_least("model.vocab_multiple", self.vocab_multiple, 1)
 
     def _check_architecture(self) -> None:
         """The options each architecture (model.arch) has; the other's are refused, not ignored."""

@@ -100,6 +100,9 @@ def _auto_or_bool(key: str, value: bool | str) -> bool | str:
     raise ConfigError(f"{key}={value!r} must be auto, true or false, e.g. {key}=auto")
 
 
+LOSS_KERNELS = ("auto", "liger", "chunked")  # model/fused_loss.py's (the schema cannot import torch)
+
+
 @dataclass
 class TrainConfig:
     batch_size: int | None = 4
@@ -156,6 +159,10 @@ class TrainConfig:
     activation_checkpointing: bool = False
     """recompute each block's activations in the backward instead of keeping them (less memory, about
     one more forward of compute)"""
+    loss_kernel: str = AUTO
+    """the training loss's head + cross-entropy: auto = liger-kernel's fused linear cross-entropy on CUDA
+    when installed (pip install -e '.[gpu]'), else chunked; liger = that or an error; chunked = the
+    chunked head everywhere (validation always uses it)"""
 
     def __post_init__(self) -> None:
         for key in (
@@ -167,6 +174,11 @@ class TrainConfig:
             _at_least(f"train.{key}", getattr(self, key), 1)
         self.val_every_n_steps = _auto_or_positive("train.val_every_n_steps", self.val_every_n_steps)
         self.compile = _auto_or_bool("train.compile", self.compile)
+        if _is_set(self.loss_kernel) and self.loss_kernel not in LOSS_KERNELS:
+            raise ConfigError(
+                f"train.loss_kernel={self.loss_kernel!r}: use one of {', '.join(LOSS_KERNELS)} "
+                "(auto = the fused liger kernel on CUDA when installed)"
+            )
         _at_least("train.warmup_steps", self.warmup_steps, 0)
         if self.warmup_steps is None and _is_set(self.max_steps):
             default_warmup(self.max_steps)  # says so when it scales down (the field stays null)

@@ -23,6 +23,7 @@ from ..data.gpt2 import EOS_TOKEN_ID
 from ..errors import CheckpointError, ConfigError, WriteError
 from ..fileio import process_alive
 from ..model import Decoder, LlamaConfig, ModelSettings, build_model, config_from_dict
+from ..model.vocabulary import padded_vocab_rows, real_vocab_rows
 from . import gpt2, llama
 
 
@@ -172,7 +173,8 @@ def export(checkpoint_path: Path | str, output: Path | str) -> Path:
     hf_config = config_class(
         **arch.hf_config(model, eos_token_id(hparams)), architectures=[arch.ARCHITECTURE]
     )
-    weights = arch.to_hf_state_dict(model_weights(checkpoint))
+    # The padded vocabulary's extra rows stay behind: an export has the real vocab_size rows.
+    weights = arch.to_hf_state_dict(real_vocab_rows(model_weights(checkpoint), model.vocab_size))
     remove_stale_dirs(output.parent)
     tmp = output.with_name(f".{output.name}.{os.getpid()}.export")
     try:
@@ -282,6 +284,7 @@ def init_from(model: Decoder, directory: Path | str, extend_positions: bool = Fa
     check_init_from(directory, model.config, extend_positions)
     arch = architecture(model.config)
     weights = arch.from_hf_state_dict(_read_weights(directory), model.config)
+    weights = padded_vocab_rows(weights, model.config.padded_vocab_size)  # zero rows: the padded ids
     _check_layout(directory, model.state_dict(), weights, f"the {arch.NAME} layout")
     loaded = arch.copy_weights(model, weights, f"model.init_from={directory}")
     print(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from ..data.gpt2 import GPT2_VOCAB_SIZE
+from .vocabulary import padded_vocab_size
 
 
 @dataclass(frozen=True)
@@ -20,11 +21,12 @@ class GPTConfig:
     max_seq_len: int  # learned positions (GPT-2's n_positions); follows data.max_seq_len
     dropout: float = 0.0  # embedding and residual dropout (no attention-probability dropout: see gpt.py)
     bias: bool = True
+    vocab_multiple: int = 1  # embedding/head rows rounded up to this (vocabulary.py); 1 in older checkpoints
 
     def __post_init__(self) -> None:
         sizes = {
             name: getattr(self, name)
-            for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len")
+            for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "vocab_multiple")
         }
         if not all(isinstance(value, int) and value >= 1 for value in sizes.values()):
             raise ValueError(f"GPTConfig sizes must be positive integers, got {sizes}")
@@ -34,6 +36,11 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and head: vocab_size rounded up to vocab_multiple."""
+        return padded_vocab_size(self.vocab_size, self.vocab_multiple)
 
     @classmethod
     def from_settings(cls, model) -> GPTConfig:

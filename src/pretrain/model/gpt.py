@@ -19,8 +19,10 @@ from torch import nn
 from ..data.batching.batch import PackedBatch
 from .attention import AttentionBackend, AttentionBatch, known_backend, select_backend
 from .config import GPTConfig
+from .fused_loss import CHUNKED, summed_cross_entropy
 from .loss import token_cross_entropy
 from .validation import check_batch
+from .vocabulary import padded_embedding
 
 
 class CausalSelfAttention(nn.Module):
@@ -88,7 +90,8 @@ class GPT(nn.Module):
         self.config = config
         self.attn_backend = known_backend(str(attn))
         self.attn_compile = attn_compile
-        self.wte = nn.Embedding(config.vocab_size, config.d_model)
+        self.loss_kernel = CHUNKED  # train.loss_kernel, resolved by training/model_setup.py
+        self.wte = padded_embedding(config.vocab_size, config.padded_vocab_size, config.d_model)
         self.wpe = nn.Embedding(config.max_seq_len, config.d_model)
         self.drop = nn.Dropout(config.dropout)
         self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
@@ -99,10 +102,13 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
+    def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear | nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            weight = module.weight
+            if module is self.wte:  # padded ids: never used, kept at 0; the real rows drawn as unpadded
+                nn.init.zeros_(weight[self.config.vocab_size :])
+                weight = weight[: self.config.vocab_size]
+            nn.init.normal_(weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
@@ -112,8 +118,9 @@ class GPT(nn.Module):
         return self.h
 
     def num_parameters(self, exclude_position_embeddings: bool = False) -> int:
-        """Distinct parameters (the tied head counts once)."""
-        total = sum(p.numel() for p in self.parameters())
+        """Distinct parameters (the tied head counts once; padded vocabulary rows do not count)."""
+        padding = (self.config.padded_vocab_size - self.config.vocab_size) * self.config.d_model
+        total = sum(p.numel() for p in self.parameters()) - padding
         return total - self.wpe.weight.numel() if exclude_position_embeddings else total
 
     def backend(self, device: torch.device | None = None) -> str:
@@ -147,13 +154,15 @@ class GPT(nn.Module):
         return self.ln_f(x)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
-        """(T, vocab) logits through the tied embedding."""
-        return F.linear(self.hidden_states(batch), self.wte.weight)
+        """(T, vocab) logits of the real ids through the tied embedding."""
+        return F.linear(self.hidden_states(batch), self.wte.weight[: self.config.vocab_size])
 
     def token_losses(self, batch: PackedBatch) -> torch.Tensor:
         """(T,) next-token cross-entropy; 0 where the target is IGNORE_INDEX."""
         targets = batch.targets.to(self.wte.weight.device, non_blocking=True)
-        return token_cross_entropy(self.hidden_states(batch), self.wte.weight, targets)
+        return token_cross_entropy(
+            self.hidden_states(batch), self.wte.weight, targets, real_vocab=self.config.vocab_size
+        )
 
     def loss(self, batch: PackedBatch, denominator: int | float | torch.Tensor) -> torch.Tensor:
         """Sum of token cross-entropy over counted targets divided by the caller's `denominator`
@@ -162,4 +171,8 @@ class GPT(nn.Module):
             raise ValueError(
                 f"loss denominator must be > 0 (e.g. the step's real targets), got {denominator!r}"
             )
-        return self.token_losses(batch).sum() / denominator
+        targets = batch.targets.to(self.wte.weight.device, non_blocking=True)
+        summed = summed_cross_entropy(
+            self.hidden_states(batch), self.wte.weight, targets, self.config.vocab_size, self.loss_kernel
+        )
+        return summed / denominator

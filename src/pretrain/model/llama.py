@@ -24,8 +24,10 @@ from torch import nn
 from ..data.batching.batch import PackedBatch
 from ..data.gpt2 import GPT2_VOCAB_SIZE
 from .attention import AttentionBackend, AttentionBatch, known_backend, select_backend
+from .fused_loss import CHUNKED, summed_cross_entropy
 from .loss import token_cross_entropy
 from .validation import check_batch
+from .vocabulary import padded_embedding, padded_head, padded_vocab_size
 
 ARCH = "llama"
 
@@ -49,12 +51,22 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     dropout: float = 0.0  # residual dropout only (no attention-probability dropout: see gpt.py)
+    vocab_multiple: int = 1  # embedding/head rows rounded up to this (vocabulary.py); 1 in older checkpoints
     arch: str = ARCH  # what names this config in a checkpoint's hyper-parameters (GPT-2's has none)
 
     def __post_init__(self) -> None:
         sizes = {
             name: getattr(self, name)
-            for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len", "n_kv_head", "d_ff")
+            for name in (
+                "vocab_size",
+                "n_layer",
+                "n_head",
+                "d_model",
+                "max_seq_len",
+                "n_kv_head",
+                "d_ff",
+                "vocab_multiple",
+            )
         }
         if not all(isinstance(value, int) and value >= 1 for value in sizes.values()):
             raise ValueError(f"LlamaConfig sizes must be positive integers, got {sizes}")
@@ -70,6 +82,11 @@ class LlamaConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the embedding and head: vocab_size rounded up to vocab_multiple."""
+        return padded_vocab_size(self.vocab_size, self.vocab_multiple)
 
     @classmethod
     def from_settings(cls, model) -> LlamaConfig:
@@ -209,15 +226,19 @@ class Llama(nn.Module):
         self.config = config
         self.attn_backend = known_backend(str(attn))
         self.attn_compile = attn_compile
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model)
+        self.loss_kernel = CHUNKED  # train.loss_kernel, resolved by training/model_setup.py
+        rows = config.padded_vocab_size
+        self.embed_tokens = padded_embedding(config.vocab_size, rows, config.d_model)
         self.layers = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layer))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = (
-            None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
-        )
+        self.lm_head = None if config.tie_embeddings else padded_head(config.vocab_size, rows, config.d_model)
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                weight = module.weight
+                if weight.shape[0] == rows and module in (self.embed_tokens, self.lm_head):
+                    nn.init.zeros_(weight[config.vocab_size :])  # padded ids: never used, kept at 0
+                    weight = weight[: config.vocab_size]  # the same draws as an unpadded model
+                nn.init.normal_(weight, mean=0.0, std=0.02)
         # As GPT-2: the residual projections scaled so the residual stream does not grow with depth.
         for name, p in self.named_parameters():
             if name.endswith(("o_proj.weight", "down_proj.weight")):
@@ -234,8 +255,11 @@ class Llama(nn.Module):
         return self.layers
 
     def num_parameters(self, exclude_position_embeddings: bool = False) -> int:
-        """Distinct parameters (a tied head counts once; RoPE has no position table to exclude)."""
-        return sum(p.numel() for p in self.parameters())
+        """Distinct parameters (a tied head counts once; RoPE has no position table to exclude; the
+        padded vocabulary rows are not parameters of the model, only of its storage)."""
+        heads = 1 if self.lm_head is None else 2
+        padding = heads * (self.config.padded_vocab_size - self.config.vocab_size) * self.config.d_model
+        return sum(p.numel() for p in self.parameters()) - padding
 
     def backend(self, device: torch.device | None = None) -> str:
         return self._select_backend(device).name
@@ -265,13 +289,15 @@ class Llama(nn.Module):
         return self.norm(x)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
-        """(T, vocab) logits."""
-        return F.linear(self.hidden_states(batch), self.head_weight)
+        """(T, vocab) logits of the real ids."""
+        return F.linear(self.hidden_states(batch), self.head_weight[: self.config.vocab_size])
 
     def token_losses(self, batch: PackedBatch) -> torch.Tensor:
         """(T,) next-token cross-entropy; 0 where the target is IGNORE_INDEX."""
         targets = batch.targets.to(self.embed_tokens.weight.device, non_blocking=True)
-        return token_cross_entropy(self.hidden_states(batch), self.head_weight, targets)
+        return token_cross_entropy(
+            self.hidden_states(batch), self.head_weight, targets, real_vocab=self.config.vocab_size
+        )
 
     def loss(self, batch: PackedBatch, denominator: int | float | torch.Tensor) -> torch.Tensor:
         """Sum of token cross-entropy over counted targets divided by the caller's `denominator`."""
@@ -279,4 +305,8 @@ class Llama(nn.Module):
             raise ValueError(
                 f"loss denominator must be > 0 (e.g. the step's real targets), got {denominator!r}"
             )
-        return self.token_losses(batch).sum() / denominator
+        targets = batch.targets.to(self.embed_tokens.weight.device, non_blocking=True)
+        summed = summed_cross_entropy(
+            self.hidden_states(batch), self.head_weight, targets, self.config.vocab_size, self.loss_kernel
+        )
+        return summed / denominator

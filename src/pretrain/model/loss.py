@@ -8,6 +8,12 @@ backward, so the chunks are sized by elements instead: at most `EVAL_CHUNK_ELEME
 (~1,300 rows at GPT-2's vocabulary), and evaluation memory does not grow with the microbatch.
 Each row's loss depends only on its own logits: chunking never changes a loss value.
 
+A padded vocabulary (model.vocab_multiple, vocabulary.py) reaches these paths as a weight with more
+rows than `real_vocab`: they run on its first `real_vocab` rows (a row slice, no copy), so the extra ids
+are never predicted and their rows get a zero gradient, and the arithmetic is exactly that of an
+unpadded model. The padded width pays off in the fused CUDA kernel (fused_loss.py), which masks the
+extra columns instead.
+
 On CPU the vocabulary-sized buffers (logits, log-probabilities, their gradient) come from a small
 workspace kept between calls (`HeadWorkspace`). Allocated afresh at every chunk they are hundreds of
 MB each: glibc maps and unmaps them every time and the kernel zero-fills every page again (~1.6 GB of
@@ -189,10 +195,14 @@ def token_cross_entropy(
     targets: torch.Tensor,
     chunk_rows: int | None = None,
     workspace: bool = True,
+    real_vocab: int | None = None,
 ) -> torch.Tensor:
     """(T,) cross-entropy (at least fp32) of `hidden @ weight.T` against `targets`; 0 where ignored.
     `chunk_rows` defaults to LOSS_CHUNK_ROWS when a gradient is needed, else `eval_chunk_rows`.
-    `workspace=False` forces the plain autograd path (the reference the workspace path equals)."""
+    `workspace=False` forces the plain autograd path (the reference the workspace path equals).
+    `real_vocab`: the ids that exist when `weight` has padded rows past them (null = every row)."""
+    if real_vocab is not None and real_vocab < weight.shape[0]:
+        weight = weight[:real_vocab]  # a view: the padded rows get a zero gradient through it
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     if chunk_rows is None:
         chunk_rows = LOSS_CHUNK_ROWS if needs_grad else eval_chunk_rows(weight.shape[0])

@@ -23,9 +23,9 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from ..checkpoints.files import record_path
 from ..model.architectures import blocks_of
 
-# What training and scoring call on the root model instead of forward (update.py, scoring.py): FSDP
-# gathers the root's parameters around these calls too.
-ENTRY_POINTS = ("token_losses",)
+# What training and scoring call on the root model instead of forward (update.py: loss, scoring.py:
+# token_losses): FSDP gathers the root's parameters around these calls too.
+ENTRY_POINTS = ("loss", "token_losses")
 
 
 def shard_model(model: torch.nn.Module, mesh) -> dict:

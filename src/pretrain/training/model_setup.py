@@ -9,13 +9,18 @@ import torch
 from ..config import TrainConfig
 from ..model.activation_checkpointing import apply_activation_checkpointing
 from ..model.compile import compile_blocks, compile_enabled
+from ..model.fused_loss import resolve_loss_kernel
 from .fsdp import shard_model
 
 
 def set_up_model(model: torch.nn.Module, train: TrainConfig, device: torch.device, mesh=None) -> dict:
-    """Apply train.activation_checkpointing, train.compile and (given trainer=fsdp's device `mesh`)
-    sharding to `model` in place; return what was done, for run.json."""
-    done: dict = {}
+    """Apply train.loss_kernel, train.activation_checkpointing, train.compile and (given trainer=fsdp's
+    device `mesh`) sharding to `model` in place; return what was done, for run.json."""
+    kernel, fell_back = resolve_loss_kernel(train.loss_kernel, device)
+    setattr(model, "loss_kernel", kernel)  # GPT and Llama read it in loss()
+    done: dict = {"loss_kernel": kernel}
+    if fell_back:
+        done["loss_kernel_fallback"] = fell_back
     if train.activation_checkpointing:
         done["activation_checkpointing"] = apply_activation_checkpointing(model)  # blocks wrapped
     if compile_enabled(train.compile, device):

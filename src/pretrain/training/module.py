@@ -65,6 +65,12 @@ def machine_load() -> dict[str, float]:
     return {} if load is None else {"sys/load_per_cpu": load}
 
 
+def adamw_kernel(device: torch.device) -> dict:
+    """AdamW's implementation: on CUDA the fused kernel (one launch for every parameter's update; the
+    default foreach runs several per group), elsewhere torch's default (what CPU runs always used)."""
+    return {"fused": True} if torch.device(device).type == "cuda" else {}
+
+
 class PretrainModule(L.LightningModule):
     """`model` and `train` are the run's model config (GPTConfig or LlamaConfig) and `train` group (or
     their dicts, as a checkpoint's hyper-parameters hold them); `attn_backend` and `attn_compile` are
@@ -132,6 +138,7 @@ class PretrainModule(L.LightningModule):
             ],
             lr=settings.lr,
             betas=(beta1, beta2),
+            **adamw_kernel(self.device),
         )
         schedule = lr_lambda(settings.warmup, settings.max_steps, settings.min_lr_ratio)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
