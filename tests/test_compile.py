@@ -22,7 +22,16 @@ from pretrain.data import gather_packed
 from pretrain.errors import ConfigError
 from pretrain.model import GPTConfig, LlamaConfig, build_model
 from pretrain.model.attention import base as attention_base
-from pretrain.model.compile import compile_blocks, compile_enabled, compiled
+from pretrain.model.attention import varlen as varlen_module
+from pretrain.model.compile import (
+    BLOCKS,
+    MODEL,
+    compile_blocks,
+    compile_enabled,
+    compile_model,
+    compiled,
+    resolve_compile_scope,
+)
 from pretrain.training.run import train
 
 VOCAB = 300
@@ -108,6 +117,68 @@ def test_compiled_model_keeps_its_parameter_names_and_state_dict():
     assert compiled(model) and not compiled(eager)
     assert list(model.state_dict()) == list(eager.state_dict())
     assert all("_orig_mod" not in name for name, _ in model.named_parameters())
+
+
+def document_attention(q, k, v, cu_seqlens, max_seqlen):
+    """A CPU stand-in for the flash varlen kernel, made of tensor ops alone (so the graph holds it as
+    it holds varlen's op): causal attention within each segment of `cu_seqlens`."""
+    rows = torch.arange(q.shape[0], device=q.device)
+    segment = torch.searchsorted(cu_seqlens[1:].long(), rows, right=True)
+    allowed = (segment[:, None] == segment[None, :]) & (rows[:, None] >= rows[None, :])
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=allowed
+    )
+    return out.transpose(0, 1)
+
+
+@pytest.fixture
+def cpu_varlen(monkeypatch):
+    """attn=varlen on the CPU through document_attention."""
+    monkeypatch.setattr(varlen_module.VarlenBackend, "check", lambda *args, **kwargs: None)
+    monkeypatch.setattr(varlen_module, "varlen_attention", document_attention)
+
+
+def model_pair(kind: str):
+    torch.manual_seed(0)
+    eager = build_model(CONFIGS[kind], attn="varlen")
+    other = build_model(CONFIGS[kind], attn="varlen")
+    other.load_state_dict(eager.state_dict())
+    return eager, other, compile_model(other, backend="aot_eager")
+
+
+@pytest.mark.parametrize("kind", sorted(CONFIGS))
+def test_the_whole_compiled_trunk_equals_eager_with_one_graph_for_every_batch(kind, cpu_varlen):
+    """train.compile_scope=model: one graph for the trunk serves batches of every token count and
+    segment count (T and the boundaries dynamic, varlen's bound static), losses and gradients equal
+    eager, no recompile after the first step."""
+    eager, model, stats = model_pair(kind)
+    batches = packed_batches(6, seed=1)
+    assert len({b.input_ids.shape[0] for b in batches}) >= 4
+    assert len({len(b.cu_seqlens) for b in batches}) >= 3  # the segment count changes too
+    for step, batch in enumerate(batches):
+        expected, expected_grads = loss_and_grads(eager, batch)
+        got, grads = loss_and_grads(model, batch)
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+        for g, e in zip(grads, expected_grads, strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+        if step == 0:
+            stats.first_step_done()
+    assert stats.graphs_at_first_step == 1 and stats.recompiles == 0
+    assert compiled(model) and list(model.state_dict()) == list(eager.state_dict())
+
+
+def test_compile_scope_setting():
+    assert resolve_compile_scope("auto", "varlen", "cuda", sharded=False) == MODEL
+    assert resolve_compile_scope("auto", "auto", "cuda", sharded=False) == MODEL
+    assert resolve_compile_scope("auto", "varlen", "cuda", sharded=True) == BLOCKS  # FSDP's hooks
+    assert resolve_compile_scope("auto", "flex", "cuda", sharded=False) == BLOCKS
+    assert resolve_compile_scope("auto", "auto", "cpu", sharded=False) == BLOCKS
+    assert resolve_compile_scope("model", "varlen", "cpu", sharded=False) == MODEL
+    with pytest.raises(ConfigError, match="train.compile_scope=model needs attn=varlen"):
+        resolve_compile_scope("model", "flex", "cuda", sharded=False)
+    assert TrainConfig(compile_scope="blocks").compile_scope == "blocks"
+    with pytest.raises(ConfigError, match=r"train.compile_scope='graph': use one of auto, model, blocks"):
+        TrainConfig(compile_scope="graph")
 
 
 def test_compile_setting():

@@ -101,6 +101,7 @@ def _auto_or_bool(key: str, value: bool | str) -> bool | str:
 
 
 LOSS_KERNELS = ("auto", "liger", "chunked")  # model/fused_loss.py's (the schema cannot import torch)
+COMPILE_SCOPES = ("auto", "model", "blocks")  # model/compile.py's
 
 
 @dataclass
@@ -159,6 +160,10 @@ class TrainConfig:
     activation_checkpointing: bool = False
     """recompute each block's activations in the backward instead of keeping them (less memory, about
     one more forward of compute)"""
+    compile_scope: str = AUTO
+    """what train.compile compiles: model = the whole trunk as one graph (attention an opaque op;
+    varlen's static bound is model.max_seq_len), blocks = each block's two halves around attention;
+    auto = model for attn=varlen (and auto on CUDA) without FSDP, else blocks"""
     loss_kernel: str = AUTO
     """the training loss's head + cross-entropy: auto = liger-kernel's fused linear cross-entropy on CUDA
     when installed (pip install -e '.[gpu]'), else chunked; liger = that or an error; chunked = the
@@ -174,6 +179,10 @@ class TrainConfig:
             _at_least(f"train.{key}", getattr(self, key), 1)
         self.val_every_n_steps = _auto_or_positive("train.val_every_n_steps", self.val_every_n_steps)
         self.compile = _auto_or_bool("train.compile", self.compile)
+        if _is_set(self.compile_scope) and self.compile_scope not in COMPILE_SCOPES:
+            raise ConfigError(
+                f"train.compile_scope={self.compile_scope!r}: use one of {', '.join(COMPILE_SCOPES)}"
+            )
         if _is_set(self.loss_kernel) and self.loss_kernel not in LOSS_KERNELS:
             raise ConfigError(
                 f"train.loss_kernel={self.loss_kernel!r}: use one of {', '.join(LOSS_KERNELS)} "

@@ -10,6 +10,13 @@ compiled flex, batched sdpa). The halves hold every matmul and elementwise op of
 
 The compiled halves replace the methods on each block instance: parameter names, state dicts and
 checkpoints are those of the eager model, so a compiled run resumes an eager checkpoint and back.
+
+`train.compile_scope=model` compiles the whole trunk instead (embeddings, every block, the final norm:
+one graph, so the compiler fuses across block boundaries and no block's call costs Python at run
+time), with attention inside it as one kernel call on dynamic-size tensors (attention/in_graph.py): T
+and the segment count are dynamic, the document structure never enters a guard. Only varlen's kernel
+is such a call; `auto` takes the whole trunk for varlen without FSDP (whose hooks sit between the
+blocks) and the halves otherwise. The loss stays outside: the fused liger kernel is one kernel already.
 """
 
 from __future__ import annotations
@@ -20,9 +27,25 @@ from dataclasses import dataclass, field
 import torch
 
 from ..attention_backends import AUTO
-from .architectures import blocks_of
+from ..errors import ConfigError
+from .architectures import Decoder, blocks_of
+from .attention.in_graph import check_in_graph
 
 HALVES = ("before_attention", "after_attention")
+BLOCKS, MODEL = "blocks", "model"
+COMPILE_SCOPES = (AUTO, MODEL, BLOCKS)
+
+
+def resolve_compile_scope(setting: str, attention: str, device: torch.device | str, sharded: bool) -> str:
+    """train.compile_scope for a model whose attn.backend is `attention` on `device`: model or blocks."""
+    if setting not in COMPILE_SCOPES:
+        raise ConfigError(f"train.compile_scope={setting!r}: use one of {', '.join(COMPILE_SCOPES)}")
+    varlen = attention == "varlen" or (attention == AUTO and torch.device(device).type == "cuda")
+    if setting == MODEL and not varlen:
+        check_in_graph(attention)  # raises: says to use blocks
+    if setting != AUTO:
+        return setting
+    return MODEL if varlen and not sharded else BLOCKS
 
 
 def compile_enabled(setting: bool | str, device: torch.device | str) -> bool:
@@ -111,6 +134,16 @@ def compile_blocks(model: torch.nn.Module, backend: str = "inductor") -> Compile
     return counting.stats
 
 
+def compile_model(model: Decoder, backend: str = "inductor") -> CompileStats:
+    """Compile `model.graph_trunk` (embeddings to final norm, attention as one op) with T and the
+    segment boundaries dynamic; the model's hidden_states calls it from now on."""
+    counting = _CountingBackend(backend)
+    model.compiled_trunk = _dynamic_rows(torch.compile(model.graph_trunk, backend=counting))
+    return counting.stats
+
+
 def compiled(model: torch.nn.Module) -> bool:
-    """Whether compile_blocks has wrapped `model`'s blocks."""
+    """Whether compile_blocks or compile_model has compiled `model`."""
+    if getattr(model, "compiled_trunk", None) is not None:
+        return True
     return any(name in block.__dict__ for block in blocks_of(model) for name in HALVES)

@@ -11,6 +11,7 @@ interchangeable; `dropout` applies to embeddings and residual branches as in GPT
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,7 @@ from torch import nn
 
 from ..data.batching.batch import PackedBatch
 from .attention import AttentionBackend, AttentionBatch, known_backend, select_backend
+from .attention.in_graph import in_graph_batch
 from .config import GPTConfig
 from .fused_loss import CHUNKED, summed_cross_entropy
 from .loss import token_cross_entropy
@@ -91,6 +93,7 @@ class GPT(nn.Module):
         self.attn_backend = known_backend(str(attn))
         self.attn_compile = attn_compile
         self.loss_kernel = CHUNKED  # train.loss_kernel, resolved by training/model_setup.py
+        self.compiled_trunk: Callable[..., torch.Tensor] | None = None  # set by compile.compile_model
         self.wte = padded_embedding(config.vocab_size, config.padded_vocab_size, config.d_model)
         self.wpe = nn.Embedding(config.max_seq_len, config.d_model)
         self.drop = nn.Dropout(config.dropout)
@@ -145,13 +148,34 @@ class GPT(nn.Module):
         device = self.wte.weight.device
         backend = self._select_backend(device)  # before any compute: a backend that cannot run fails here
         lengths = check_batch(batch, self.config.max_seq_len)
-        meta = backend.prepare(batch.cu_seqlens, lengths, device, self.attn_compile)
         input_ids = batch.input_ids.to(device, non_blocking=True)
         position_ids = batch.position_ids.to(device, non_blocking=True)
+        if self.compiled_trunk is not None:  # train.compile_scope=model (compile.py)
+            cu_seqlens = batch.cu_seqlens.to(device=device, dtype=torch.int32, non_blocking=True)
+            return self.compiled_trunk(input_ids, position_ids, cu_seqlens, backend)
+        meta = backend.prepare(batch.cu_seqlens, lengths, device, self.attn_compile)
+        return self.trunk(input_ids, position_ids, meta)
+
+    def trunk(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, meta: AttentionBatch
+    ) -> torch.Tensor:
+        """Embeddings, blocks and the final LayerNorm: what train.compile_scope=model compiles."""
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
         for block in self.h:
             x = block(x, meta)
         return self.ln_f(x)
+
+    def graph_trunk(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """`trunk` with attention built from tensors alone (attention/in_graph.py): one graph for
+        every batch structure."""
+        meta = in_graph_batch(backend, cu_seqlens, self.config.max_seq_len)
+        return self.trunk(input_ids, position_ids, meta)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         """(T, vocab) logits of the real ids through the tied embedding."""

@@ -15,6 +15,7 @@ the backend (as transformers' `repeat_kv` does), so every backend sees plain (T,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -24,6 +25,7 @@ from torch import nn
 from ..data.batching.batch import PackedBatch
 from ..data.gpt2 import GPT2_VOCAB_SIZE
 from .attention import AttentionBackend, AttentionBatch, known_backend, select_backend
+from .attention.in_graph import in_graph_batch
 from .fused_loss import CHUNKED, summed_cross_entropy
 from .loss import token_cross_entropy
 from .validation import check_batch
@@ -227,6 +229,7 @@ class Llama(nn.Module):
         self.attn_backend = known_backend(str(attn))
         self.attn_compile = attn_compile
         self.loss_kernel = CHUNKED  # train.loss_kernel, resolved by training/model_setup.py
+        self.compiled_trunk: Callable[..., torch.Tensor] | None = None  # set by compile.compile_model
         rows = config.padded_vocab_size
         self.embed_tokens = padded_embedding(config.vocab_size, rows, config.d_model)
         self.layers = nn.ModuleList(LlamaBlock(config) for _ in range(config.n_layer))
@@ -279,14 +282,36 @@ class Llama(nn.Module):
         device = self.embed_tokens.weight.device
         backend = self._select_backend(device)  # before any compute: a backend that cannot run fails here
         lengths = check_batch(batch, self.config.max_seq_len)
-        meta = backend.prepare(batch.cu_seqlens, lengths, device, self.attn_compile)
-        x = self.embed_tokens(batch.input_ids.to(device, non_blocking=True))
+        input_ids = batch.input_ids.to(device, non_blocking=True)
         position_ids = batch.position_ids.to(device, non_blocking=True)
+        if self.compiled_trunk is not None:  # train.compile_scope=model (compile.py)
+            cu_seqlens = batch.cu_seqlens.to(device=device, dtype=torch.int32, non_blocking=True)
+            return self.compiled_trunk(input_ids, position_ids, cu_seqlens, backend)
+        meta = backend.prepare(batch.cu_seqlens, lengths, device, self.attn_compile)
+        return self.trunk(input_ids, position_ids, meta)
+
+    def trunk(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, meta: AttentionBatch
+    ) -> torch.Tensor:
+        """Embedding, RoPE angles, layers and the final RMSNorm: what train.compile_scope=model compiles."""
+        x = self.embed_tokens(input_ids)
+        device = x.device
         dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else x.dtype
         cos, sin = rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, meta)
         return self.norm(x)
+
+    def graph_trunk(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """`trunk` with attention built from tensors alone (attention/in_graph.py), as GPT's."""
+        meta = in_graph_batch(backend, cu_seqlens, self.config.max_seq_len)
+        return self.trunk(input_ids, position_ids, meta)
 
     def forward(self, batch: PackedBatch) -> torch.Tensor:
         """(T, vocab) logits of the real ids."""
