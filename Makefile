@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: install test test-e2e test-all bench lint try train sweep study study-masking study-padding gpu-check gpu-wheels gpu-cache clean \
+.PHONY: install test test-e2e test-all bench lint try train sweep study study-masking study-padding gpu-check gpu-bench gpu-wheels gpu-cache clean \
 	clean-outputs
 
 # pip shows its progress: the first install downloads ~1 GB and takes minutes.
@@ -131,6 +131,13 @@ study-padding: install
 
 gpu-check: install
 	$(PY) scripts/gpu_check.py --output bench/results/gpu_check.json
+
+# On one GPU: the product (python train.py) against a torch-only loop over the same batches and a
+# nanoGPT-style compiled peer, per context x policy x attention backend (docs/cluster.md). About 7
+# minutes (--budget-s); --dry-run runs it on the CPU. On a box with what train.py needs and no network:
+#   PYTHONPATH=src python3 scripts/gpu_bench.py --output bench/results/gpu_bench.json
+gpu-bench: install
+	PYTHONPATH=src $(PY) scripts/gpu_bench.py --output bench/results/gpu_bench.json
 
 # For a GPU box without network whose Python already has torch, lightning, numpy, pyarrow, tokenizers
 # (scripts/gpu_check.py needs nothing more): the wheels `python train.py` needs beyond those, with their

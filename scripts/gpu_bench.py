@@ -371,7 +371,7 @@ def torch_row(
         targets=steps.targets,
         peak_memory_gib=peak_memory_gib(device),
         compile=setup["compile"].as_dict() if setup.get("compile") is not None else None,
-        loss_kernel=setup.get("loss_kernel"),
+        setup={k: v for k, v in setup.items() if k != "compile"},  # loss kernel, compile scope
     )
     marking[0] = True
     profiled = profile_step(step, device) if profile is not None else None
