@@ -3,7 +3,9 @@
 Written apart from the package on purpose (torch and numpy only, nothing of `pretrain`), in the style of
 karpathy/nanoGPT's model.py and train.py: fused qkv, F.scaled_dot_product_attention(is_causal=True) on
 (B, T) rows, a tied head, F.cross_entropy over full logits, torch.compile of the whole model, AdamW
-(fused on CUDA) with nanoGPT's decay groups and betas, bf16 autocast on CUDA, gradient clipping at 1.
+(fused on CUDA) with nanoGPT's decay groups and betas, bf16 autocast on CUDA, gradient clipping at 1,
+and nanoGPT's gradient accumulation: a step's rows go through in micro-batches of at most
+`micro_tokens` tokens (full logits of a whole 35 x 4096 step would not fit beside the activations).
 
 It reads the token stream as contiguous (B, T) rows and ignores document boundaries: attention
 crosses documents and no target is masked. So it is the speed reference a plain loop reaches on these
@@ -135,6 +137,15 @@ def contiguous_rows(tokens: np.ndarray, rows: int, width: int, device: torch.dev
         yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
+MICRO_TOKENS = 16 * 1024  # per micro-batch: nanoGPT's 12 x 1024, rounded to a power of two
+
+
+def micro_batches(rows: int, width: int, micro_tokens: int = MICRO_TOKENS) -> list[int]:
+    """Rows of each micro-batch of a step: at most micro_tokens tokens (one row at least) each."""
+    size = max(1, min(rows, micro_tokens // width))
+    return [min(size, rows - start) for start in range(0, rows, size)]
+
+
 def train_peer(
     tokens: np.ndarray,
     config: PeerConfig,
@@ -143,9 +154,11 @@ def train_peer(
     device: torch.device,
     compile: bool = True,
     seed: int = 1234,
+    micro_tokens: int = MICRO_TOKENS,
 ) -> dict:
     """`steps` updates of `rows` x `config.block_size` tokens; each step's seconds (from the end of the
-    one before: data included) and loss. The caller drops the first steps (compile) as warmup."""
+    one before: data included) and loss (the mean over the step's tokens). The caller drops the first
+    steps (compile, and a recompile for a smaller last micro-batch) as warmup."""
     torch.manual_seed(seed)
     model = GPT(config).to(device)
     optimizer = configure_optimizer(model, device)
@@ -154,21 +167,30 @@ def train_peer(
         torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     )
     batches = contiguous_rows(tokens, rows, config.block_size, device)
+    sizes = micro_batches(rows, config.block_size, micro_tokens)
     seconds, losses = [], []
     last = time.perf_counter()
     for _ in range(steps):
         x, y = next(batches)
-        with autocast:
-            loss = step_model(x, y)
-        loss.backward()
+        total = torch.zeros((), device=device)
+        for xs, ys in zip(x.split(sizes), y.split(sizes), strict=True):
+            with autocast:
+                loss = step_model(xs, ys) * (len(xs) / rows)  # the step's mean over its tokens
+            loss.backward()
+            total += loss.detach().float()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(float(loss.item()))  # syncs once per step, as the product's loss read does
+        losses.append(float(total.item()))  # syncs once per step, as the product's loss read does
         now = time.perf_counter()
         seconds.append(now - last)
         last = now
-    return {"step_seconds": seconds, "losses": losses, "tokens_per_step": rows * config.block_size}
+    return {
+        "step_seconds": seconds,
+        "losses": losses,
+        "tokens_per_step": rows * config.block_size,
+        "micro_batches": sizes,
+    }
 
 
 def main() -> None:

@@ -54,7 +54,8 @@ MFU_FORMULA = (
 )
 PEER_NOTE = (
     "the peer (c) reads the cache's tokens as contiguous (B, T) rows and ignores document boundaries "
-    "(attention crosses documents, no target masked): a speed reference, not a correctness peer"
+    "(attention crosses documents, no target masked): a speed reference, not a correctness peer; it goes "
+    "through a step's rows in nanoGPT's gradient-accumulation micro-batches of at most 16,384 tokens"
 )
 # The product's wrapper: train.py as its own __main__, plus an atexit hook (train.py ends through
 # fast_exit.exit_now, which runs atexit handlers) that records the process's CUDA peak memory.
@@ -337,7 +338,7 @@ def torch_row(
 
     def step() -> list:
         with mark(PHASE_DATA):
-            microbatches = [mb.to(device, non_blocking=True) for mb in next(stream)]
+            microbatches = [mb.to(device) for mb in next(stream)]  # as Lightning moves an Update
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         with mark(PHASE_UPDATE), autocast:
             result = run_update(model, microbatches)
@@ -414,6 +415,7 @@ def peer_row(run, cache, plan: Plan, context: int, device: torch.device, peak: f
         status=row.get("status", "ok"),
         losses=steps.losses,
         rows=rows,
+        micro_batches=out["micro_batches"],
         vocab_size=config.vocab_size,
         compiled=compile,
         peak_memory_gib=peak_memory_gib(device),
@@ -431,7 +433,11 @@ CATEGORIES: tuple[tuple[str, re.Pattern], ...] = (
     ("optimizer", re.compile(r"adam|multi_tensor|foreach", re.I)),
     (
         "matmul",
-        re.compile(r"aten::(mm|addmm|bmm|baddbmm|matmul|linear)\b|gemm|gemv|cublas|cutlass|xmma|nvjet", re.I),
+        re.compile(
+            r"aten::(mm|addmm|bmm|baddbmm|matmul|linear)\b|triton_tem_fused_(addmm|mm|bmm)|gemm|gemv|cublas|"
+            r"cutlass|xmma|nvjet",
+            re.I,
+        ),
     ),
     (
         "elementwise",

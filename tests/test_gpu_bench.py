@@ -93,6 +93,24 @@ def test_the_peer_trains_on_contiguous_rows(dry_run):
     assert peer["rows"] == 4 and peer["vocab_size"] == 50304 and peer["compiled"] is False
 
 
+def test_the_peer_accumulates_micro_batches_to_the_step_it_would_take_whole():
+    """nanoGPT's gradient accumulation: 35 x 4096 goes through as 8 x 4 rows and 3; the first loss (the
+    step's mean over its tokens) and the updated weights equal one whole batch's, fp32 on CPU."""
+    import numpy as np
+    import torch
+    from nanogpt_peer import PeerConfig, micro_batches, train_peer
+
+    assert micro_batches(35, 4096) == [4] * 8 + [3] and micro_batches(140, 1024) == [16] * 8 + [12]
+    assert micro_batches(4, 128) == [4] and micro_batches(2, 1 << 20) == [1, 1]
+    tokens = np.random.default_rng(0).integers(0, 300, size=4000).astype(np.uint16)
+    config = PeerConfig(block_size=16, vocab_size=320, n_layer=2, n_head=2, n_embd=32)
+    cpu = torch.device("cpu")
+    whole = train_peer(tokens, config, rows=5, steps=2, device=cpu, compile=False)
+    split = train_peer(tokens, config, rows=5, steps=2, device=cpu, compile=False, micro_tokens=32)
+    assert whole["micro_batches"] == [5] and split["micro_batches"] == [2, 2, 1]
+    assert whole["losses"] == pytest.approx(split["losses"], abs=1e-5)
+
+
 def test_the_profile_table_adds_up(dry_run):
     result, output = dry_run
     (path,) = result["profiles"]
