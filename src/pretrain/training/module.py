@@ -8,6 +8,7 @@ weight microbatches equally whatever their token counts.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -155,6 +156,9 @@ class PretrainModule(L.LightningModule):
         if self.setup_record is None:  # Lightning may call this again (a second fit, a resume)
             device, mesh = self.trainer.strategy.root_device, self.device_mesh  # mesh: trainer=fsdp's
             self.setup_record = set_up_model(self.model, self.settings, device, mesh)
+            fell_back = self.setup_record.get("loss_kernel_fallback")
+            if fell_back and self.trainer.is_global_zero:  # auto on CUDA without liger: slower, not wrong
+                print(f"note: train.loss_kernel=auto takes the chunked loss: {fell_back}", file=sys.stderr)
 
     @property
     def compile_stats(self) -> CompileStats | None:

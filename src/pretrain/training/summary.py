@@ -80,6 +80,11 @@ def run_summary(
         "floors": datamodule.floors() if trainer.is_global_zero else None,
         # train.compile: graphs compiled, those after the first step (recompiles), compile seconds.
         "compile": module.compile_stats.as_dict() if module.compile_stats is not None else None,
+        "compile_scope": (module.setup_record or {}).get("compile_scope"),  # model (whole trunk) | blocks
+        # train.loss_kernel as resolved on this device (liger | chunked), and why auto fell back, if it did.
+        "loss_kernel": (module.setup_record or {}).get("loss_kernel"),
+        "loss_kernel_fallback": (module.setup_record or {}).get("loss_kernel_fallback"),
+        "padded_vocab_size": getattr(module.gpt_config, "padded_vocab_size", None),
         # train.activation_checkpointing: blocks recomputed; trainer=fsdp: kind, ranks, FSDP units.
         "activation_checkpointing": (module.setup_record or {}).get("activation_checkpointing"),
         "sharding": (module.setup_record or {}).get("sharding"),
