@@ -236,8 +236,11 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
     return sorted(rows, key=lambda r: r["step"])
 
 
-def product_row(plan: Plan, overrides: list[str], run_dir: Path, planned: Steps, peak: float | None) -> dict:
-    """`python train.py` with these overrides in `run_dir`; its steady steps from metrics.csv."""
+def product_row(
+    plan: Plan, overrides: list[str], run_dir: Path, planned: Steps, peak: float | None, timeout: float
+) -> dict:
+    """`python train.py` with these overrides in `run_dir` (killed after `timeout` seconds); its steady
+    steps from metrics.csv."""
     run_dir.mkdir(parents=True, exist_ok=True)
     peak_file = run_dir / "gpu_bench_peak.json"
     env = dict(os.environ, GPU_BENCH_PEAK_FILE=str(peak_file))
@@ -245,13 +248,18 @@ def product_row(plan: Plan, overrides: list[str], run_dir: Path, planned: Steps,
     command = [sys.executable, "-c", PRODUCT_LAUNCHER, *overrides, f"hydra.run.dir={run_dir}"]
     log = run_dir / "product.log"
     started = time.perf_counter()
-    with log.open("w") as handle:
-        done = subprocess.run(command, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
     row: dict = {
         "command": "python train.py " + " ".join([*overrides, f"hydra.run.dir={run_dir}"]),
         "run_dir": str(run_dir),
-        "wall_s": time.perf_counter() - started,
     }
+    with log.open("w") as handle:
+        try:
+            done = subprocess.run(
+                command, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, timeout=timeout
+            )
+        except subprocess.TimeoutExpired:
+            return {**row, "status": "failed", "reason": f"killed after {timeout:.0f} s (--row-timeout-s)"}
+    row["wall_s"] = time.perf_counter() - started
     if done.returncode != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-12:]
         return {**row, "status": "failed", "reason": f"exit {done.returncode}: " + " | ".join(tail)}
@@ -673,6 +681,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="CPU, model=tiny, context 128, sdpa, no compile, the chunked loss",
     )
     parser.add_argument("--budget-s", type=float, default=420.0, help="rows not started by then are skipped")
+    parser.add_argument("--row-timeout-s", type=float, default=600.0, help="a product run killed after this")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per row (20; dry run 2)")
     parser.add_argument("--warmup-steps", type=int, default=None, help="steps dropped first (5; dry run 1)")
     parser.add_argument("--tokens-per-step", type=int, default=None, help="35 x 4096 (dry run 4 x 128)")
@@ -769,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [],
         "comparisons": [],
         "profiles": [],
+        "complete": False,  # true once every row is measured or skipped
     }
     wanted = set(args.profile or [])
     profile_first = args.profile is not None and not wanted
@@ -776,8 +786,17 @@ def main(argv: list[str] | None = None) -> int:
     def over_budget() -> bool:
         return time.monotonic() > deadline
 
+    def save() -> None:
+        """JSON and table after every row: a run stopped from outside keeps the rows it finished."""
+        result["comparisons"] = comparisons(result["rows"])
+        result["seconds"] = time.perf_counter() - started
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+        args.output.with_suffix(".md").write_text(markdown(result))
+
     def add(row: dict) -> None:
         result["rows"].append(row)
+        save()
         shown = {
             k: v for k, v in row.items() if k in ("real_tokens_per_s", "mfu", "ms_per_step", "first_loss")
         }
@@ -804,9 +823,8 @@ def main(argv: list[str] | None = None) -> int:
                         for loop in ("product", "torch"):
                             add({"loop": loop, **base, "status": "failed", "reason": f"settings: {error}"})
                         continue
-                    add(
-                        {"loop": "product", **base, **product_row(plan, overrides, work / key, planned, peak)}
-                    )
+                    measured = product_row(plan, overrides, work / key, planned, peak, args.row_timeout_s)
+                    add({"loop": "product", **base, **measured})
                     if over_budget():
                         add({"loop": "torch", **base, "status": "skipped", "reason": "budget"})
                     else:
@@ -846,13 +864,9 @@ def main(argv: list[str] | None = None) -> int:
                     fresh_device(device)
                     peer = {"status": "failed", "reason": f"{type(error).__name__}: {error}"}
                 add({"loop": "peer", **peer_base, **peer})
-    result["comparisons"] = comparisons(result["rows"])
-    result["seconds"] = time.perf_counter() - started
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    table = markdown(result)
-    args.output.with_suffix(".md").write_text(table)
-    print(table)
+    result["complete"] = True
+    save()
+    print(markdown(result))
     print(f"wrote {args.output} and {args.output.with_suffix('.md')}", flush=True)
     return 0
 

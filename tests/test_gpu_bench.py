@@ -52,7 +52,7 @@ def _rows(result: dict, loop: str) -> list[dict]:
 
 def test_the_dry_run_writes_three_loops_side_by_side(dry_run):
     result, output = dry_run
-    assert result["device"] == "cpu" and result["dry_run"] and result["torch"]
+    assert result["device"] == "cpu" and result["dry_run"] and result["torch"] and result["complete"]
     assert "training_flops" in result["mfu_formula"] and "peak_flops" in result["mfu_formula"]
     for loop, count in (("product", 2), ("torch", 2), ("peer", 1)):
         rows = _rows(result, loop)
@@ -185,3 +185,18 @@ def test_rows_past_the_budget_are_recorded_as_skipped(tmp_path):
         ("torch", "skipped", "budget"),
     ]
     assert "| product | 128 | bestfit | sdpa | skipped |" in output.with_suffix(".md").read_text()
+
+
+@pytest.mark.e2e  # it trains (the torch-only loop and the peer), in this process
+def test_a_product_run_past_its_timeout_is_a_failed_row_and_the_rest_still_run(tmp_path, cache_root):
+    output = tmp_path / "timeout.json"
+    code = bench.main(
+        ["--dry-run", "--policies", "bestfit", "--row-timeout-s", "0.5", "--output", str(output)]
+        + ["--cache-root", str(cache_root), "--work-dir", str(tmp_path / "runs")]
+    )
+    assert code == 0
+    result = json.loads(output.read_text())
+    statuses = [(r["loop"], r["status"]) for r in result["rows"]]
+    assert statuses == [("product", "failed"), ("torch", "ok"), ("peer", "ok")]
+    assert "--row-timeout-s" in result["rows"][0]["reason"] and result["complete"]
+    assert result["comparisons"][0]["product_over_torch"] is None
