@@ -6,7 +6,10 @@
   graphs), compile seconds, ms per step and the speed-up.
 - fsdp: a 2-layer GPT-2-width model, `fully_shard` per block then the root on a 1-rank NCCL group
   (what trainer=fsdp does per rank), three AdamW steps in fp32 against the plain model.
+  The same against `compile_model` (train.compile_scope=model: the whole trunk as one graph).
 - activation checkpointing: gpt2-small one step with and without, peak memory and ms per step.
+- memory: where the peak of one gpt2-small step goes, per loss kernel (liger, chunked): the static state,
+  the activations' share and the head and loss's share (the peak with them minus without).
 
 Torch and numpy only, like gpu_check.py; every number is a row in the JSON, every check a Report check.
 """
@@ -40,13 +43,17 @@ def _timed_steps(model, batches, steps: int, optimizer) -> tuple[float, list[flo
     return 1e3 * (time.perf_counter() - started) / steps, losses
 
 
-def _gpt2_small(device, capacity: int, size: dict):
+def _gpt2_small(device, capacity: int, size: dict, loss_kernel: str = "auto"):
+    """gpt2-small as a run builds it: the vocabulary padded to 50,304, train.loss_kernel resolved."""
     from pretrain.data.tokens import GPT2_VOCAB_SIZE
     from pretrain.model import GPT, GPTConfig
+    from pretrain.model.fused_loss import resolve_loss_kernel
 
     torch.manual_seed(0)
-    config = GPTConfig(vocab_size=GPT2_VOCAB_SIZE, max_seq_len=capacity, **size)
-    return GPT(config, attn="varlen").to(device)
+    config = GPTConfig(vocab_size=GPT2_VOCAB_SIZE, max_seq_len=capacity, vocab_multiple=64, **size)
+    model = GPT(config, attn="varlen").to(device)
+    model.loss_kernel = resolve_loss_kernel(loss_kernel, device)[0]
+    return model
 
 
 def _bestfit_batches(device, capacity: int, rows: int, sizes=(0, 2, 4, 6)):
@@ -59,7 +66,7 @@ def _bestfit_batches(device, capacity: int, rows: int, sizes=(0, 2, 4, 6)):
 
 def compile_rows(report, device, size: dict, capacity: int, rows: int, steps: int) -> dict:
     """Eager vs compiled gpt2-small (varlen, bf16) on changing bestfit batches; see the module doc."""
-    from pretrain.model.compile import compile_blocks
+    from pretrain.model.compile import compile_blocks, compile_model
 
     print("compile: gpt2-small, varlen, bf16, bestfit batches of 4 token counts", flush=True)
     batches = _bestfit_batches(device, capacity, rows)
@@ -96,8 +103,35 @@ def compile_rows(report, device, size: dict, capacity: int, rows: int, steps: in
         if compiled_ms < eager_ms
         else None,
     }
+    del model, compiled_opt
+    torch.cuda.empty_cache()
+    # train.compile_scope=model: the whole trunk as one graph (varlen inside it, its bound static).
+    whole = _gpt2_small(device, capacity, size)
+    whole.load_state_dict(eager.state_dict())
+    whole_stats = compile_model(whole)
+    whole_opt = torch.optim.AdamW(whole.parameters(), **adam)
+    whole_first_ms, (whole_first,) = _timed_steps(whole, batches[:1], 1, whole_opt)
+    whole_stats.first_step_done()
+    report.check(
+        "whole trunk: first loss vs eager: rel",
+        "compile",
+        abs(whole_first - eager_first) / eager_first,
+        TOL_COMPILE_LOSS,
+    )
+    _timed_steps(whole, batches, len(batches), whole_opt)
+    whole_ms, _ = _timed_steps(whole, batches, steps, whole_opt)
+    report.check(
+        "whole trunk: recompiles after the first step", "compile", float(whole_stats.recompiles), 0.0
+    )
+    row["whole_trunk"] = {
+        **whole_stats.as_dict(),
+        "first_step_ms": whole_first_ms,
+        "ms_per_step": whole_ms,
+        "speedup_vs_eager": eager_ms / whole_ms,
+        "speedup_vs_blocks": compiled_ms / whole_ms,
+    }
     print("  " + ", ".join(f"{k}={v}" for k, v in row.items()), flush=True)
-    del eager, model, eager_opt, compiled_opt
+    del eager, whole, eager_opt, whole_opt
     torch.cuda.empty_cache()
     return row
 
@@ -177,6 +211,52 @@ def activation_checkpointing_rows(device, size: dict, capacity: int, rows: int) 
     return results
 
 
+def _peak_gib(model, batch, optimizer, head: bool) -> float:
+    """Peak GiB of one training step; without the head the loss is a stand-in on the hidden states
+    (same backward through the trunk, no vocabulary-sized work)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        if head:
+            loss = model.loss(batch, batch.num_targets)
+        else:
+            loss = model.hidden_states(batch).float().square().mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def memory_rows(device, size: dict, capacity: int, rows: int) -> list[dict]:
+    """Where the peak of a gpt2-small step at rows x capacity goes, per loss kernel: the static state
+    (parameters, AdamW moments), the activations' share (peak without the head, minus the static
+    state) and the head and loss's share (peak with them minus without)."""
+    print("memory: gpt2-small, varlen, bf16, one bestfit batch, per loss kernel", flush=True)
+    batch = _bestfit_batches(device, capacity, rows, sizes=(0,))[0]
+    results = []
+    for kernel in ("liger", "chunked"):
+        model = _gpt2_small(device, capacity, size, loss_kernel=kernel)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        _peak_gib(model, batch, optimizer, head=True)  # the optimizer state exists from here on
+        static = torch.cuda.memory_allocated() / 2**30
+        with_head = _peak_gib(model, batch, optimizer, head=True)
+        without_head = _peak_gib(model, batch, optimizer, head=False)
+        row = {
+            "loss_kernel": model.loss_kernel,
+            "tokens": batch.num_tokens,
+            "static_gib": static,
+            "peak_gib": with_head,
+            "activations_gib": without_head - static,
+            "head_and_loss_gib": with_head - without_head,
+        }
+        print("  " + ", ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+        results.append(row)
+        del model, optimizer
+        torch.cuda.empty_cache()
+    return results
+
+
 def training_setup_rows(report, device, size: dict, capacity: int, rows: int, steps: int) -> dict:
     """The three sections, each guarded: a failure is a failed check and a row, not a crash."""
     out: dict = {}
@@ -184,6 +264,7 @@ def training_setup_rows(report, device, size: dict, capacity: int, rows: int, st
         "compile": lambda: compile_rows(report, device, size, capacity, rows, steps),
         "fsdp": lambda: fsdp_rows(report, device),
         "activation_checkpointing": lambda: activation_checkpointing_rows(device, size, capacity, rows),
+        "memory": lambda: memory_rows(device, size, capacity, rows),
     }
     for name, run in sections.items():
         try:
