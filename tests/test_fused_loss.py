@@ -181,6 +181,7 @@ def test_validation_never_takes_the_fused_kernel():
 def test_the_kernel_setting_resolves_per_device(monkeypatch):
     assert resolve_loss_kernel("chunked", "cpu") == (CHUNKED, None)
     assert resolve_loss_kernel("liger", "cpu") == (LIGER, None)  # the interpreter is on in the suite
+    assert resolve_loss_kernel("auto", "cpu") == (CHUNKED, None)  # never the interpreter unasked
     monkeypatch.delenv("TRITON_INTERPRET")
     assert resolve_loss_kernel("auto", "cpu") == (CHUNKED, None)
     with pytest.raises(ConfigError, match="runs on CUDA, not on cpu; use train.loss_kernel=auto"):

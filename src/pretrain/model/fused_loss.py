@@ -58,12 +58,13 @@ def resolve_loss_kernel(setting: str, device: torch.device | str) -> tuple[str, 
     device = torch.device(device)
     if setting == CHUNKED:
         return CHUNKED, None
+    if setting == AUTO:
+        if device.type != "cuda":
+            return CHUNKED, None  # the CPU's path (the interpreter is for tests asking for liger)
+        missing = liger_missing()
+        return (CHUNKED, missing) if missing else (LIGER, None)
     runs_here = device.type == "cuda" or triton_interpreted()
     missing = liger_missing() if runs_here else None
-    if setting == AUTO:
-        if not runs_here:
-            return CHUNKED, None  # the CPU's path: nothing fell back
-        return (CHUNKED, missing) if missing else (LIGER, None)
     if not runs_here:
         raise ConfigError(
             f"train.loss_kernel=liger runs on CUDA, not on {device.type}; use train.loss_kernel=auto "
