@@ -20,7 +20,7 @@ from pretrain.config import TrainConfig
 from pretrain.config.schema import LOSS_KERNELS as SCHEMA_LOSS_KERNELS
 from pretrain.data import TokenSplit, gather_packed
 from pretrain.data.batching.batch import IGNORE_INDEX
-from pretrain.errors import ConfigError
+from pretrain.errors import CheckpointError, ConfigError
 from pretrain.model import build_model
 from pretrain.model.config import GPTConfig
 from pretrain.model.fused_loss import (
@@ -35,6 +35,7 @@ from pretrain.model.fused_loss import (
 from pretrain.model.llama import LlamaConfig
 from pretrain.model.loss import token_cross_entropy
 from pretrain.model.vocabulary import padded_vocab_rows, padded_vocab_size, real_vocab_rows
+from pretrain.training.checks import _check_model
 from pretrain.training.model_setup import set_up_model
 from pretrain.training.module import adamw_kernel
 
@@ -238,3 +239,18 @@ def test_liger_under_bf16_autocast_stays_within_bf16_rounding_of_fp32():
     assert abs(fused - plain) / plain < 1e-3
     assert (dh_fused - dh).norm() / dh.norm() < 1e-2 and (dw_fused - dw).norm() / dw.norm() < 1e-2
     assert torch.count_nonzero(dw_fused[100:]) == 0
+
+
+def test_a_resume_across_vocabulary_padding_says_which_multiple_to_use(tmp_path):
+    """A checkpoint saved before model.vocab_multiple (no such key: 1) resumed with today's default 64:
+    one line naming the setting that resumes it, not two whole model configs."""
+    saved = dataclasses.asdict(small(multiple=1))
+    del saved["vocab_multiple"]
+    with pytest.raises(CheckpointError) as error:
+        _check_model("old.ckpt", {"model": saved}, small(multiple=64))
+    line = str(error.value)
+    assert line == (
+        "ckpt_path=old.ckpt holds 1000 vocabulary rows (model.vocab_multiple=1), this config pads to "
+        "1024 (model.vocab_multiple=64): resume with model.vocab_multiple=1"
+    )
+    _check_model("old.ckpt", {"model": saved}, small(multiple=1))  # the setting it names resumes it

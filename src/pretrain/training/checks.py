@@ -198,6 +198,13 @@ def _check_model(path: str, saved: dict, model: ModelSettings) -> None:
         have_model = None
     if have_model == model:
         return
+    if have_model is not None and replace(have_model, vocab_multiple=model.vocab_multiple) == model:
+        raise CheckpointError(
+            f"ckpt_path={path} holds {have_model.padded_vocab_size} vocabulary rows "
+            f"(model.vocab_multiple={have_model.vocab_multiple}), this config pads to "
+            f"{model.padded_vocab_size} (model.vocab_multiple={model.vocab_multiple}): resume with "
+            f"model.vocab_multiple={have_model.vocab_multiple}"
+        )
     if type(have_model) is type(model) and replace(have_model, vocab_size=model.vocab_size) == model:
         raise CheckpointError(
             f"ckpt_path={path} was trained with another tokenizer: {trained_tokenizer(saved)} "
