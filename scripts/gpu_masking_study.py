@@ -5,10 +5,10 @@ A planner over `python train.py`: it trains nothing itself. The study is conf/ex
 document mask and without it, a 51M-parameter GPT, bf16, attn=varlen, 4 paired seeds):
 
 1. calibrate: one short `python train.py` per arm (seed 0, a few updates, one validation). Its run
-   directory and the times its metrics.csv rows appeared give the arm's steady real tokens/s
-   (train/step_seconds, train/tokens), one validation's seconds, and its start-up: everything else the
-   process spent (imports, CUDA, the cache check, the windows, the end's checkpoint and plot). Then one
-   `pretrain compare` on the two is timed: the study reserves that for its end.
+   directory (metrics.csv's train/tokens) and the times its rows appeared give the arm's steady real
+   tokens/s, one validation's seconds, and its start-up: everything else the process spent (imports,
+   CUDA, the cache check, the windows, the end's checkpoint and plot). Then one `pretrain compare` on
+   the two is timed: the study reserves that for its end.
 2. plan: every run the same number of updates, as many as fit 90% of the time left once each run is
    charged the second arm's start-up (the first's also holds what happens once: the windows, the
    floors) and its validations; 5% warmup, about 6 validations, as before.
@@ -394,24 +394,25 @@ class Calibration:
 
 
 def measure(rows: list[dict], launched: Launched) -> tuple[float, float, float]:
-    """(steady real tokens/s, validation seconds, start-up seconds) of a calibration run: the rate over
-    the updates after STARTUP_UPDATES; a validation is the time its row came late, less its update and
-    the usual gap between rows; the start-up is the rest of the process's time."""
-    by_step = {int(row["step"]): row for row in rows}
-    steady = [row for step, row in by_step.items() if step > STARTUP_UPDATES]
-    seconds = sum(row["train/step_seconds"] + row.get("train/data_seconds", 0.0) for row in steady)
-    tokens = by_step[max(by_step)]["train/tokens"] - by_step[STARTUP_UPDATES]["train/tokens"]
-    times = launched.row_times
-
-    def late(step: int) -> float:  # the row's time after the previous one's, less its own update
-        row = by_step[step]
-        return times[step] - times[step - 1] - row["train/step_seconds"] - row.get("train/data_seconds", 0.0)
-
-    seen = [s for s in by_step if s - 1 in times and s in times and s > 1]
-    usual = sorted(late(s) for s in seen if "val/loss" not in by_step[s]) or [0.0]
-    validations = [max(0.0, late(s) - usual[len(usual) // 2]) for s in seen if "val/loss" in by_step[s]]
-    validation = sum(validations) / len(validations) if validations else 0.0
-    return tokens / max(seconds, 1e-9), validation, max(0.0, launched.seconds - seconds - validation)
+    """(steady real tokens/s, validation seconds, start-up seconds) of a calibration run. An update's
+    time is the time between its rows after the first STARTUP_UPDATES, before a validation: all train.py
+    spends per update (its logging too), not only train/step_seconds. A validation is the time its row
+    came late. The start-up is the rest of the process's time."""
+    by_step, times = {int(row["step"]): row for row in rows}, launched.row_times
+    last, validated = max(by_step), sorted(s for s, row in by_step.items() if "val/loss" in row)
+    end = min([*validated, last + 1]) - 1  # the last row before the first validation
+    if STARTUP_UPDATES in times and end in times and end > STARTUP_UPDATES:
+        per_update = (times[end] - times[STARTUP_UPDATES]) / (end - STARTUP_UPDATES)
+    else:  # rows not seen apart (a very short run): the updates' own time
+        steady = [row for step, row in by_step.items() if step > STARTUP_UPDATES]
+        per_update = sum(r["train/step_seconds"] + r.get("train/data_seconds", 0.0) for r in steady) / len(
+            steady
+        )
+    tokens = by_step[last]["train/tokens"] - by_step[STARTUP_UPDATES]["train/tokens"]
+    late = [times[s] - times[s - 1] - per_update for s in validated if s in times and s - 1 in times]
+    validation = max(0.0, sum(late) / len(late)) if late else 0.0
+    startup = launched.seconds - (last - STARTUP_UPDATES) * per_update - len(validated) * validation
+    return tokens / (last - STARTUP_UPDATES) / max(per_update, 1e-9), validation, max(0.0, startup)
 
 
 def calibrate(setup: Setup, work: Path, cache_root: Path, base: list[str], deadline: float) -> Calibration:

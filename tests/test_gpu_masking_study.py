@@ -4,6 +4,7 @@ with what the GPU box lacks (datasets, W&B, transformers, the network) blocked i
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import io
@@ -149,18 +150,19 @@ def _rows(updates: int, val_at: int, step_seconds: float, tokens: int) -> list[d
 
 
 def test_measure_splits_a_run_into_start_up_steady_rate_and_validation():
-    """8 updates of 0.2 s (+0.01 s waiting), rows 0.05 s apart beyond that, a validation of 1.5 s
-    before the last row; the process took 12 s: the start-up is the rest."""
+    """8 updates of 0.2 s (+0.01 s waiting), their rows 0.26 s apart (train.py's logging is part of an
+    update's cost), a validation of 1.5 s before the last row; the process took 12 s: the start-up is
+    the rest."""
     rows = _rows(8, 8, 0.2, 1000)
-    times, now = {}, 4.0
-    for step in range(1, 9):
-        now += 0.21 + 0.05 + (1.5 if step == 8 else 0.0)
-        times[step] = now
+    times = {step: 4.0 + 0.26 * step + (1.5 if step == 8 else 0.0) for step in range(1, 9)}
     launched = study.Launched(returncode=0, seconds=12.0, row_times=times, cut=False)
     rate, validation, startup = study.measure(rows, launched)
-    assert rate == pytest.approx(5 * 1000 / (5 * 0.21))  # steps 4..8: after STARTUP_UPDATES = 3
+    assert rate == pytest.approx(1000 / 0.26)  # rows 3 to 7: after STARTUP_UPDATES = 3, before validation
     assert validation == pytest.approx(1.5)
-    assert startup == pytest.approx(12.0 - 5 * 0.21 - 1.5)
+    assert startup == pytest.approx(12.0 - 5 * 0.26 - 1.5)
+    # Rows not seen apart: the updates' own time (step and data seconds) stands for an update's.
+    rate, validation, startup = study.measure(rows, dataclasses.replace(launched, row_times={}))
+    assert (rate, validation, startup) == (pytest.approx(1000 / 0.21), 0.0, pytest.approx(12.0 - 5 * 0.21))
 
 
 @pytest.mark.e2e  # it starts a process
