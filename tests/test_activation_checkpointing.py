@@ -70,7 +70,7 @@ def test_state_dict_names_and_a_second_call_are_unchanged():
 def test_set_up_model_applies_the_setting():
     model = gpt()
     done = set_up_model(model, TrainConfig(activation_checkpointing=True, compile=False), torch.device("cpu"))
-    assert done == {"activation_checkpointing": 3}
+    assert done == {"loss_kernel": "chunked", "activation_checkpointing": 3}
     assert checkpointed_blocks(model) == 3
     untouched = gpt()
     assert set_up_model(untouched, TrainConfig(compile=False), torch.device("cpu")) == {}
