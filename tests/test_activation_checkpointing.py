@@ -73,5 +73,7 @@ def test_set_up_model_applies_the_setting():
     assert done == {"loss_kernel": "chunked", "activation_checkpointing": 3}
     assert checkpointed_blocks(model) == 3
     untouched = gpt()
-    assert set_up_model(untouched, TrainConfig(compile=False), torch.device("cpu")) == {}
+    assert set_up_model(untouched, TrainConfig(compile=False), torch.device("cpu")) == {
+        "loss_kernel": "chunked"
+    }
     assert checkpointed_blocks(untouched) == 0
