@@ -26,7 +26,7 @@ windows, the floors) and the run directories. train.py finds a cache by the iden
 which names the Python and packages of the machine that built it: on another machine the copy's
 manifest is relabelled to this machine's identity (study.json's `cache.relabelled` says from what).
 
-    PYTHONPATH=src python3 scripts/gpu_masking_study.py --cache gpu-cache --output $OUT/masking-gpu
+    PYTHONPATH=src python3 scripts/gpu_masking_study.py --cache gpu-cache --output OUT/masking-gpu
     PYTHONPATH=src python3 scripts/gpu_masking_study.py --cache CACHE --output /tmp/dry --dry-run  # CPU
     python scripts/gpu_masking_study.py --unpack FETCHED/masking-gpu --output masking-gpu  # here, after
 """
@@ -694,7 +694,7 @@ def check_carry(path: Path) -> str:
     size = sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
     if size > CARRY_LIMIT:
         raise StudyError(
-            f"{path} holds {size / 1e6:.1f} MB, over the {CARRY_LIMIT / 1e6:.0f} MB a GPU call carries: "
+            f"{path} holds {size / 1e6:.1f} MB, over the {CARRY_LIMIT / 1e6:.0f} MB copied to a GPU box: "
             "set budget.train_tokens to cap it"
         )
     splits = manifest["splits"]
