@@ -261,8 +261,13 @@ def test_the_checkpoint_is_shards_with_the_sampler_state(runs):
     assert sampler["units"] == 3 * 2 * 4  # 3 updates x 2 ranks x batch_size 4 packs
     ddp = load_checkpoint(runs["ddp"] / "checkpoints" / "step000003.ckpt")
     assert checkpoint["PretrainDataModule"] == ddp["PretrainDataModule"]
+    # AdamW's first updates are lr x m / sqrt(v): for a gradient element near 0 the two runs' rounding
+    # (a reduce-scatter against an all-reduce, sharded against whole clipping norms) moves the update by
+    # a visible share of a step. Measured on an Intel Xeon (this code and the code before 0.2 alike):
+    # 3.1e-5 at most, a hundredth of one step (lr 3e-3); a real divergence moves whole steps.
+    step = float(checkpoint["hyper_parameters"]["train"]["lr"])
     for name, tensor in ddp["state_dict"].items():
-        torch.testing.assert_close(checkpoint["state_dict"][name], tensor, atol=1e-5, rtol=0, msg=name)
+        torch.testing.assert_close(checkpoint["state_dict"][name], tensor, atol=0.05 * step, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize(
@@ -298,6 +303,9 @@ def test_eval_and_export_read_the_sharded_checkpoint(runs, tmp_path):
     assert cli.main(["export", str(last), "--output", str(tmp_path / "hf")]) == 0
     exported = load_file(tmp_path / "hf" / "model.safetensors")
     weights = load_checkpoint(runs["fsdp"] / "checkpoints" / "last.ckpt")["state_dict"]
+    vocab = exported["transformer.wte.weight"].shape[0]
+    assert vocab == 50257 and weights["model.wte.weight"].shape[0] == 50304  # model.vocab_multiple=64
     torch.testing.assert_close(
-        exported["transformer.wte.weight"], weights["model.wte.weight"], atol=0, rtol=0
+        exported["transformer.wte.weight"], weights["model.wte.weight"][:vocab], atol=0, rtol=0
     )
+    assert torch.count_nonzero(weights["model.wte.weight"][vocab:]) == 0  # the padded rows stayed 0
