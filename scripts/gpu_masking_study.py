@@ -22,9 +22,8 @@ document mask and without it, a 51M-parameter GPT, bf16, attn=varlen, 4 paired s
 
 The carried cache (`make gpu-cache`) is only read. The runs read a copy of it in a temporary
 directory, which also receives everything train.py writes beside a cache (its verified record, the
-windows, the floors) and the run directories. train.py finds a cache by the identity its config hashes,
-which names the Python and packages of the machine that built it: on another machine the copy's
-manifest is relabelled to this machine's identity (study.json's `cache.relabelled` says from what).
+windows, the floors) and the run directories. train.py reads it with cache.carried=true: the source's
+identity (the Python and packages of the machine that built it) comes from its manifest.
 
     PYTHONPATH=src python3 scripts/gpu_masking_study.py --cache gpu-cache --output OUT/masking-gpu
     PYTHONPATH=src python3 scripts/gpu_masking_study.py --cache CACHE --output /tmp/dry --dry-run  # CPU
@@ -248,47 +247,45 @@ def check_inputs(cache: Path, output: Path, gpu: bool) -> tuple[Path, dict]:
 
 
 def cache_overrides(manifest: dict) -> list[str]:
-    """The source, split and budget the carried cache was built with, as train.py overrides."""
+    """The source, split and budget the carried cache was built with, as train.py overrides, and
+    cache.carried=true: train.py takes the source's identity from the manifest (the machine that built
+    it had another Python and other packages) and checks everything else."""
     identity = manifest["identity"]
     values = [f"source={identity['source']['kind']}"]
     for group in ("split", "budget"):
         for key, value in sorted(identity.get(group, {}).items()):
             values.append(f"{group}.{key}={'null' if value is None else json.dumps(value)}")
-    return values
+    return [*values, "cache.carried=true"]
 
 
 def stage_cache(directory: Path, manifest: dict, root: Path, overrides: list[str]) -> dict:
-    """A copy of the carried cache under `root`, where `python train.py overrides...` looks for it.
-    When this machine's identity differs (another Python, other packages), the copy's manifest and
-    floors records take this machine's identity and key. Returns what study.json records."""
+    """A copy of the carried cache under `root`, under its own key, where `python train.py
+    overrides...` (cache.carried=true) finds it; what study.json records."""
     from pretrain.config.compose import load_config, to_config
-    from pretrain.data.ingest.cache import CacheSpec, identity_differences, manifest_checksum
+    from pretrain.data.ingest.cache import CacheSpec
     from pretrain.errors import PretrainError
 
-    try:
-        spec = CacheSpec.from_config(to_config(load_config(overrides)))
-    except PretrainError as error:  # e.g. source=local: its identity hashes files the box does not have
-        raise StudyError(
-            f"train.py cannot name this cache here ({error}): carry a pkgdocs or pydocs cache"
-        ) from None
-    target = root / spec.key
+    target = root / manifest["key"]
     target.mkdir(parents=True)
     for file in directory.iterdir():  # the files, not the verified record, locks or windows
         if file.is_file() and not file.name.startswith(".") and file.suffix != ".lock":
             shutil.copyfile(file, target / file.name)
-    record = {"directory": str(directory), "key": manifest["key"], "source": manifest["identity"]["source"]}
-    if manifest["identity"] == spec.identity:
-        return {**record, "relabelled": None}
-    differences = identity_differences(manifest["identity"], spec.identity)
-    staged = {**manifest, "identity": spec.identity, "key": spec.key}
-    staged["checksum"] = manifest_checksum(staged)
-    (target / "manifest.json").write_text(json.dumps(staged, indent=2) + "\n")
-    for floors in target.glob("floors*.json"):  # computed from the same files: keep them
-        stored = json.loads(floors.read_text())
-        if (stored.get("computed_from") or {}).get("key") == manifest["key"]:
-            stored["computed_from"]["key"] = spec.key
-            floors.write_text(json.dumps(stored, indent=2) + "\n")
-    return {**record, "relabelled": {"key": spec.key, "differences": list(differences)}}
+    before = os.environ.get("PRETRAIN_CACHE_ROOT")
+    os.environ["PRETRAIN_CACHE_ROOT"] = str(root)  # what the runs get (run_env): the env wins over cache_root
+    try:
+        spec = CacheSpec.from_config(to_config(load_config(overrides)))
+    except PretrainError as error:  # e.g. another tokenizer than this study's
+        raise StudyError(
+            f"train.py cannot use this cache ({error}): carry the one make gpu-cache built"
+        ) from None
+    finally:
+        if before is None:
+            del os.environ["PRETRAIN_CACHE_ROOT"]
+        else:
+            os.environ["PRETRAIN_CACHE_ROOT"] = before
+    if spec.key != manifest["key"]:  # cannot happen: carried_identity returns the one cache it found
+        raise StudyError(f"train.py names another cache ({spec.key}) than the carried {manifest['key']}")
+    return {"directory": str(directory), "key": manifest["key"], "source": manifest["identity"]["source"]}
 
 
 # --- one train.py process -------------------------------------------------------------------------------

@@ -39,11 +39,12 @@ from hypothesis import strategies as st
 
 from pretrain.data.ingest import executors
 from pretrain.data.ingest import prepare as prepare_module
-from pretrain.data.ingest.cache import CacheError, identity_differences, identity_key
+from pretrain.data.ingest.cache import CacheError, identity_differences, identity_key, manifest_checksum
 from pretrain.data.ingest.executors import BATCH_CHARS
 from pretrain.data.ingest.tokenizer import bundled_files
 from pretrain.data.ingest.verify import open_cache, verify_cache
 from pretrain.data.sources import Document, SourceError
+from pretrain.errors import ConfigError
 
 FILES = {
     "train.bin",
@@ -537,6 +538,53 @@ def test_an_identity_mismatch_names_only_the_keys_that_differ(make_cfg):
     for unchanged in ("budget", "content_sha256", "eos_token_id", "source"):
         assert unchanged not in message, message
     assert message.endswith("rebuild it with cache.rebuild=true (or delete the directory)")
+
+
+def carried_elsewhere(cache, python: str = "3.12.3", keep: bool = False) -> Path:
+    """`cache` as another machine would have built it from the same files: the source's identity names
+    that machine (its Python), so the key and the directory differ; the files are the same. Moved
+    (a cache root holding only what was carried), or copied with `keep`."""
+    manifest = json.loads((cache.directory / "manifest.json").read_text())
+    manifest["identity"]["source"]["python"] = python
+    manifest["key"] = identity_key(manifest["identity"])
+    manifest["checksum"] = manifest_checksum(manifest)
+    moved = cache.directory.with_name(manifest["key"])
+    shutil.copytree(cache.directory, moved)
+    if not keep:
+        shutil.rmtree(cache.directory)
+    (moved / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return moved
+
+
+def test_a_carried_cache_is_used_as_it_is_and_verified(make_cfg, cache_root):
+    """cache.carried=true: the cache built elsewhere (another Python in its source identity) is found by
+    everything but its source, reused without reading the source, and its files still verified."""
+    carried = carried_elsewhere(prepare(make_cfg(), progress=False))
+    assert cache_spec(make_cfg()).key != carried.name  # this machine's identity names another cache
+    spec = cache_spec(make_cfg(**{"cache.carried": True}))
+    assert spec.directory == carried.resolve() and spec.identity["source"]["python"] == "3.12.3"
+    with mock.patch.object(prepare_module, "build_cache", side_effect=AssertionError("built again")):
+        reused = prepare(make_cfg(**{"cache.carried": True}), progress=False)
+    assert reused.directory == carried.resolve()
+    first = next(carried.glob("*.bin"))
+    first.write_bytes(first.read_bytes()[:-2] + b"\0\0")  # one token altered: verification catches it
+    with pytest.raises(CacheError):
+        prepare(make_cfg(**{"cache.carried": True, "cache.verify": "full"}), progress=False)
+
+
+def test_a_carried_cache_that_does_not_fit_is_refused_in_one_line(make_cfg, cache_root):
+    cache = prepare(make_cfg(), progress=False)
+    seed = cache.manifest["identity"]["split"]["seed"]
+    carried_elsewhere(cache, keep=True)
+    with pytest.raises(ConfigError) as error:
+        cache_spec(make_cfg(**{"cache.carried": True, "split.seed": 99}))
+    line = str(error.value)
+    assert line.startswith(f"cache.carried=true: no source=local cache under {cache_root.resolve()} fits")
+    assert f"split.seed: {seed} -> 99" in line and "\n" not in line, line
+    with pytest.raises(ConfigError, match="a carried cache cannot be rebuilt here"):
+        cache_spec(make_cfg(**{"cache.carried": True, "cache.rebuild": True}))
+    with pytest.raises(ConfigError, match="2 local caches under .* fit this config; keep one there"):
+        cache_spec(make_cfg(**{"cache.carried": True}))
 
 
 def test_identity_differences_walk_nested_entries_and_lists():

@@ -303,7 +303,9 @@ def carried(tmp_path_factory) -> Path:
 
 
 @pytest.mark.e2e  # it composes and copies the embedded corpus's cache
-def test_stage_cache_relabels_a_copy_and_train_py_finds_it(carried, tmp_path):
+def test_stage_cache_copies_the_cache_and_train_py_reads_it_as_carried(carried, tmp_path, monkeypatch):
+    """The copy keeps the carried key and files as they are; with cache.carried=true train.py names
+    exactly that cache (without it, this machine's Python names another) and verifies it whole."""
     from pretrain.config import to_config
     from pretrain.data.ingest.cache import CacheSpec
     from pretrain.data.ingest.verify import check_cache
@@ -317,18 +319,21 @@ def test_stage_cache_relabels_a_copy_and_train_py_finds_it(carried, tmp_path):
         "split.validation_fraction=0.05",
         "budget.train_tokens=null",
         "budget.validation_tokens=null",
+        "cache.carried=true",
     ]
     record = study.stage_cache(directory, manifest, tmp_path / "cache", [*study.DRY.overrides, *base])
     assert _files(carried) == before
-    spec = CacheSpec.from_config(
-        to_config(compose(*study.DRY.overrides, *base, f"cache_root={tmp_path / 'cache'}"))
-    )
-    assert record["key"] == manifest["key"] != spec.key and record["relabelled"]["key"] == spec.key
-    assert any("python" in line and "3.12.99" in line for line in record["relabelled"]["differences"])
+    assert record == {
+        "directory": str(directory),
+        "key": manifest["key"],
+        "source": manifest["identity"]["source"],
+    }
+    monkeypatch.setenv("PRETRAIN_CACHE_ROOT", str(tmp_path / "cache"))  # as the runs get it
+    spec = CacheSpec.from_config(to_config(compose(*study.DRY.overrides, *base)))
+    here = CacheSpec.from_config(to_config(compose(*study.DRY.overrides, *base[:-1])))  # not carried
+    assert spec.key == manifest["key"] != here.key
     staged = check_cache(tmp_path / "cache" / spec.key, spec.identity, "full")  # as train.py reads it
-    assert staged.manifest["splits"] == manifest["splits"] and staged.manifest["key"] == spec.key
-    floors = json.loads((tmp_path / "cache" / spec.key / "floors.json").read_text())
-    assert floors["computed_from"]["key"] == spec.key
+    assert staged.manifest == manifest
     assert sorted(
         p.name for p in (tmp_path / "cache" / spec.key).iterdir() if not p.name.startswith(".")
     ) == [
@@ -490,14 +495,19 @@ def test_a_bad_place_is_one_line_before_anything_is_made(case, small_cache, tmp_
     assert not (tmp_path / "o").exists()
 
 
-def test_a_cache_train_py_cannot_name_here_is_one_line(small_cache, tmp_path, monkeypatch, capsys):
-    """source=local: its identity hashes the text files, which are not carried."""
-    monkeypatch.setattr(study, "calibrate", lambda *a, **k: pytest.fail("calibrated"))
+def test_a_local_cache_is_carried_too(small_cache, tmp_path, monkeypatch):
+    """source=local: its identity hashes text files that are not carried; cache.carried=true reads it
+    from the manifest, so the study stages it and goes on to calibrate."""
+    reached = []
+
+    def calibrate(*args, **kwargs):
+        reached.append(sorted(p.name for p in (args[2] / small_cache.directory.name).iterdir()))
+        raise study.StudyError("stopped after staging")
+
+    monkeypatch.setattr(study, "calibrate", calibrate)
     argv = ["--cache", str(small_cache.directory), "--output", str(tmp_path / "out"), "--dry-run"]
     assert study.main(argv) == 2
-    out, err = capsys.readouterr()
-    assert err.count("\n") == 1 and err.startswith("error: train.py cannot name this cache here")
-    assert "source=local needs files" in err and not (tmp_path / "out").exists()
+    assert reached and "manifest.json" in reached[0]
 
 
 # --- --unpack ---------------------------------------------------------------------------------------------
@@ -624,7 +634,7 @@ def _box_env(tmp: Path) -> dict:
 def test_dry_run_on_cpu_with_only_what_the_gpu_box_has(carried, tmp_path):
     """The dry run, as on the box: two files under --output, the carried folder byte-identical (its
     dotfiles and locks included), nothing left in the temporary directory; here, --unpack and
-    `pretrain compare` read what it left. The cache was built under another Python: relabelled."""
+    `pretrain compare` read what it left. The cache was built under another Python: read as carried."""
     before = _files(carried)
     output = tmp_path / "box" / "masking-gpu"
     command = [sys.executable, str(SCRIPT), "--cache", str(carried), "--output", str(output), "--dry-run"]
@@ -641,7 +651,7 @@ def test_dry_run_on_cpu_with_only_what_the_gpu_box_has(carried, tmp_path):
         f"mask{m}-seed{s}" for s in range(4) for m in ("true", "false")
     ]
     assert result["cache"]["key"] == carried.glob("*/manifest.json").__next__().parent.name
-    assert "3.12.99" in " ".join(result["cache"]["relabelled"]["differences"])
+    assert "3.12.99" in json.dumps(result["cache"]["source"])  # the other Python's cache, as it was
     assert (plan["updates"], plan["val_every"], plan["validations"]) == (4, 2, 2)  # the minimal plan
     assert result["device"] == "CPU, precision 32-true, attention sdpa"  # train.py's own line
     assert set(calibration["by_arm"]) == {"document_mask=true", "document_mask=false"}

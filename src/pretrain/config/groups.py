@@ -168,6 +168,10 @@ class CacheConfig:
     """tokens on disk: auto (uint16 when every tokenizer id is below 65,536), uint16, uint32 (identity)"""
     verify: VerifyMode = VerifyMode.quick
     """reuse check: quick (manifest, sizes, stats; re-hash what changed) or full (all sha256)"""
+    carried: bool = False
+    """the cache under cache_root was prepared on another machine and copied here: its source identity is
+    read from its manifest, not from this machine's source (another Python or other packages name another
+    pydocs/pkgdocs corpus); tokenizer, split, budget and dtype must still match; the files are verified"""
 
 
 @dataclass

@@ -110,15 +110,17 @@ def cache_identity(
     budget: BudgetConfig,
     token_dtype: str = "uint32",
     chat: ChatSettings | None = None,
+    source_part: dict | None = None,
 ) -> dict:
     """Everything that decides the cache's bytes, and nothing else. A tokenizer.json adds its kind and
     EOS text (GPT-2's identity keeps exactly its keys: its caches keep their keys); a task=sft cache its
-    `chat` entry (the loss mask and the template's sha256)."""
+    `chat` entry (the loss mask and the template's sha256). `source_part`: the source's identity as
+    given (a carried cache's), instead of read from this machine's source."""
     json_file = tokenizer_files if isinstance(tokenizer_files, TokenizerJson) else None
     extra = json_file.identity() if json_file else {}
     return {
         "format": FORMAT_VERSION,
-        "source": source_identity(source),
+        "source": source_identity(source) if source_part is None else source_part,
         "tokenizer": {
             "name": tokenizer.name,
             "revision": tokenizer.revision,
@@ -184,8 +186,21 @@ class CacheSpec:
         task, chat = config.task, None
         if str(task.name) == "sft":
             chat = chat_settings(str(task.loss_mask), task.chat_template, tokenizer_files)
-        identity = cache_identity(
-            source, config.tokenizer, tokenizer_files, config.split, budget, dtype, chat
+        if config.cache.carried and config.cache.rebuild:
+            raise ConfigError(
+                "cache.carried=true with cache.rebuild=true: a carried cache cannot be rebuilt here (its "
+                "source is another machine's); carry it again, or drop cache.carried to build this machine's"
+            )
+        identity = (
+            cache_identity(source, config.tokenizer, tokenizer_files, config.split, budget, dtype, chat)
+            if not config.cache.carried
+            else carried_identity(
+                root,
+                str(source.kind),
+                cache_identity(
+                    source, config.tokenizer, tokenizer_files, config.split, budget, dtype, chat, {}
+                ),
+            )
         )
         return cls(
             root=root,
@@ -198,6 +213,39 @@ class CacheSpec:
             prepare=PrepareSettings.from_config(config.prepare),
             chat=chat,
         )
+
+
+def carried_identity(root: Path, kind: str, wanted: dict) -> dict:
+    """cache.carried: the identity of the one cache under `root` that was prepared elsewhere from a
+    `kind` source and matches `wanted` in everything but the source (tokenizer, split, budget, dtype,
+    chat). Its source part comes from its manifest, so that this machine's Python or packages (which
+    name another pkgdocs or pydocs corpus) do not make it another cache; its files are verified as
+    any cache's are."""
+    found, nearest = [], None
+    for manifest_path in sorted(Path(root).glob(f"*/{MANIFEST}")) if Path(root).is_dir() else []:
+        try:
+            identity = json.loads(manifest_path.read_text())["identity"]
+            source = identity["source"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a readable cache: verification names it if it is the one asked for
+        if not isinstance(source, dict) or source.get("kind") != kind:
+            continue
+        candidate = {**wanted, "source": source}
+        if candidate == identity:
+            found.append(identity)
+        elif nearest is None:
+            nearest = identity_differences(identity, candidate)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise ConfigError(
+            f"cache.carried=true: {len(found)} {kind} caches under {root} fit this config; keep one there"
+        )
+    detail = f" (the nearest differs: {'; '.join(nearest[:3])})" if nearest else ""
+    raise ConfigError(
+        f"cache.carried=true: no source={kind} cache under {root} fits this config{detail}; copy the "
+        "folder `pretrain prepare` (or make gpu-cache) built there and pass it as cache_root"
+    )
 
 
 def canonical_json(value) -> str:
